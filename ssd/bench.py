@@ -1,0 +1,134 @@
+"""The benchmark: methods run side by side on the same prompts, in one process, interleaved per prompt.
+
+Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt before
+the next prompt starts, and the order of methods rotates from prompt to prompt so no method always runs first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .decoding import DecodeConfig, generate_ar
+from .methods import get_method
+from .prompts import encode
+
+# Each of ours next to the transformers peer that does the same job.
+PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
+
+
+def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict]:
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    tokens, trace = get_method(method)(pair, prompt_ids, config, generator)
+    wall = time.perf_counter() - start
+    return tokens, {
+        "method": method,
+        "new_tokens": len(tokens),
+        "wall_s": wall,
+        "tokens_per_s": len(tokens) / wall,
+        "drafted": trace.drafted,
+        "accepted": sum(r.accepted for r in trace.rounds),
+        "rounds": len(trace.rounds),
+        "acceptance_rate": trace.acceptance_rate,
+        "mean_accepted": trace.mean_accepted,
+    }
+
+
+def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
+    """One short untimed call per method: first calls pay for allocator growth and lazy initialisation."""
+    short = DecodeConfig(k=config.k, temperature=config.temperature, max_new_tokens=min(8, config.max_new_tokens))
+    for method in methods:
+        run_one(method, pair, prompt_ids, short, seed=0)
+
+
+def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True) -> dict:
+    """Returns {"rows": [...], "summary": [...]}: one row per (method, prompt), one summary row per method."""
+    encoded = [(p.id, encode(pair.tokenizer, p)) for p in prompts]
+    warm_up(pair, encoded[0][1], methods, config)
+    greedy = config.temperature == 0
+    rows = []
+    bar = tqdm(total=len(encoded) * len(methods), desc="bench", disable=not progress)
+    for i, (prompt_id, ids) in enumerate(encoded):
+        reference = None
+        if greedy and "ar" not in methods:
+            reference, _ = generate_ar(pair, ids, config, torch.Generator().manual_seed(seed + i))
+        for j in range(len(methods)):
+            method = methods[(i + j) % len(methods)]
+            bar.set_postfix_str(f"{prompt_id} {method}")
+            tokens, row = run_one(method, pair, ids, config, seed=seed + i)
+            if method == "ar":
+                reference = tokens
+            rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), **row, "tokens": tokens})
+            bar.update()
+        for row in rows[-len(methods):]:
+            row["identical_to_target"] = row.pop("tokens") == reference if greedy else None
+    bar.close()
+    return {"rows": rows, "summary": summarize(pd.DataFrame(rows))}
+
+
+def summarize(rows: pd.DataFrame) -> list[dict]:
+    """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does)."""
+    summary = []
+    for method, g in rows.groupby("method", sort=False):
+        drafted = g["drafted"].sum()
+        summary.append(
+            {
+                "method": method,
+                "prompts": len(g),
+                "new_tokens": int(g["new_tokens"].sum()),
+                "wall_s": float(g["wall_s"].sum()),
+                "tokens_per_s": float(g["new_tokens"].sum() / g["wall_s"].sum()),
+                "acceptance_rate": float(g["accepted"].sum() / drafted) if drafted else None,
+                "mean_accepted": float(g["accepted"].sum() / g.loc[g["drafted"] > 0, "rounds"].sum()) if drafted else None,
+                "identical_to_target": bool(g["identical_to_target"].all()) if g["identical_to_target"].notna().all() else None,
+            }
+        )
+    tps = {s["method"]: s["tokens_per_s"] for s in summary}
+    for s in summary:
+        s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
+        peer = PEERS.get(s["method"])
+        s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
+    return summary
+
+
+def environment() -> dict:
+    import transformers
+
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def summary_table(summary: list[dict]) -> str:
+    columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_peer",
+               "acceptance_rate", "mean_accepted", "identical_to_target"]
+    return pd.DataFrame(summary)[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def write_json(path: str, result: dict) -> None:
+    """Atomic: a reader never sees a half-written file, an interrupted run leaves the old one in place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,70 @@
+"""Logits -> probabilities, sampling from explicit random numbers, and the residual of rejection sampling.
+
+Every draw in the kit is a uniform number in [0, 1) turned into a token by the inverse CDF. The uniforms come from an
+explicit CPU ``torch.Generator``: the same seed gives the same tokens on any device, and the functions that consume
+them (``sample_from_uniform``, ``ssd.verify.verify``) stay pure and testable with hand-picked numbers.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_temperature(temperature: float) -> float:
+    if not (isinstance(temperature, (int, float)) and temperature >= 0 and temperature == temperature):
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    return float(temperature)
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Next-token distribution(s) over the last dimension, in float32.
+
+    Temperature 0 is greedy decoding written as a distribution: one-hot on the argmax. Rejection sampling on one-hot
+    rows then accepts exactly the drafted tokens that equal the target's argmax and recovers the argmax itself, so
+    greedy and sampling share one code path.
+    """
+    temperature = check_temperature(temperature)
+    logits = logits.float()
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def uniforms(n: int, generator: torch.Generator) -> torch.Tensor:
+    """n uniform numbers in [0, 1) from the (CPU) generator: the only source of randomness in decoding."""
+    return torch.rand(n, generator=generator, dtype=torch.float64)
+
+
+def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
+    """Inverse-CDF sampling: the first token whose cumulative mass exceeds u * total.
+
+    probs: [..., V] non-negative (need not sum to 1); u: [...] in [0, 1). Tokens of zero mass are never returned.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.as_tensor(u, dtype=torch.float64, device=probs.device)
+    x = (u * cdf[..., -1]).unsqueeze(-1)
+    token = torch.searchsorted(cdf, x, right=True).squeeze(-1)
+    # u * total can round up to the total itself; the last token of positive mass is then the right answer.
+    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
+    return torch.minimum(token, last_positive)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a [V] distribution."""
+    return int(sample_from_uniform(probs, uniforms(1, generator)[0]))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)): where the recovered token is drawn after a rejection (Leviathan et al., Alg. 1).
+
+    If p <= q everywhere (only possible when p == q up to rounding, where a rejection has probability ~0) the residual
+    has no mass; p itself is then the right distribution.
+    """
+    r = (p - q).clamp_min(0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
+def one_hot(tokens: torch.Tensor | list[int], vocab_size: int) -> torch.Tensor:
+    """q for a deterministic proposal: all mass on the proposed token, which keeps rejection sampling lossless."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()

@@ -1,0 +1,61 @@
+"""The per-round record every decoding method returns, and its pandas DataFrame."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+
+@dataclass
+class Round:
+    """One round: the draft proposes draft_len tokens, the target verifies them in one pass.
+
+    Autoregressive decoding is the degenerate case draft_len = 0: every round appends one target token.
+    """
+
+    draft_len: int  # K of this round (may be below the configured K near max_new_tokens)
+    accepted: int  # k, drafted tokens accepted
+    token: int  # t*, the token the target appended (recovered or bonus)
+    new_tokens: int  # tokens this round added to the output (k + 1, less if EOS or max_new_tokens cut it)
+    draft_s: float  # wall time of the draft phase
+    verify_s: float  # wall time of the target pass and the accept/reject step
+
+
+@dataclass
+class Trace:
+    """Everything one generate call measured; the bench and the notebooks read only this."""
+
+    method: str
+    prompt_len: int
+    rounds: list[Round] = field(default_factory=list)
+    wall_s: float = 0.0  # whole call, prompt processing included
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.rounds)
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.draft_len for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafted tokens / drafted tokens: None where nothing was drafted (AR)."""
+        drafted = self.drafted
+        return sum(r.accepted for r in self.rounds) / drafted if drafted else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Mean accepted count k over rounds that drafted something (the accepted-length histogram's mean)."""
+        ks = [r.accepted for r in self.rounds if r.draft_len > 0]
+        return sum(ks) / len(ks) if ks else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.new_tokens / len(self.rounds) if self.rounds else None
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per round, with the method and the round index: tidy, ready to concatenate across runs."""
+        rows = [{"method": self.method, "round": i, **asdict(r)} for i, r in enumerate(self.rounds)]
+        columns = ["method", "round", *Round.__dataclass_fields__]
+        return pd.DataFrame(rows, columns=columns)

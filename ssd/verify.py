@@ -1,0 +1,63 @@
+"""The accept / recover / bonus step of speculative decoding, as one pure function.
+
+Words (as in vLLM's rejection sampler): the draft proposes K tokens; token i is *accepted* with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection a *recovered* token is drawn from the residual
+norm(max(p_k - q_k, 0)); if all K are accepted, a *bonus* token is drawn from p_K (the target's distribution after the
+last drafted token). The output is distributed exactly as sampling from p alone (Leviathan et al. 2023, Thm 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import residual, sample_from_uniform
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one round: (k, t*) in the paper's words."""
+
+    accepted: int  # k: how many drafted tokens were accepted, 0..K
+    token: int  # t*: the token the target appended (recovered if k < K, bonus if k == K)
+    draft_len: int  # K of this round
+
+    @property
+    def bonus(self) -> bool:
+        return self.accepted == self.draft_len
+
+    @property
+    def outcome(self) -> tuple[int, int]:
+        return self.accepted, self.token
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    accept_u: torch.Tensor,
+    sample_u: float,
+) -> Verdict:
+    """Rejection-sample one round.
+
+    draft_tokens: [K] the drafted tokens x_1..x_K (K may be 0)
+    q:            [K, V] the draft distributions they were drawn from (one-hot rows for a deterministic proposal)
+    p:            [K+1, V] the target distributions at the same positions, plus one after the last drafted token
+    accept_u:     [K] uniforms in [0, 1), one per drafted token
+    sample_u:     one uniform in [0, 1) for the recovered or bonus token
+    """
+    draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.long, device=p.device)
+    K = draft_tokens.numel()
+    if q.shape[0] != K or p.shape[0] != K + 1 or len(accept_u) != K:
+        raise ValueError(
+            f"verify expects q [K, V], p [K+1, V], accept_u [K]; got K={K}, q {tuple(q.shape)}, p {tuple(p.shape)}, "
+            f"accept_u {len(accept_u)}"
+        )
+    rows = torch.arange(K, device=p.device)
+    p_x, q_x = p[rows, draft_tokens].double(), q[rows, draft_tokens].double()
+    # u < p/q written without the division: q_x > 0 for any token the draft could have proposed.
+    accepted_mask = torch.as_tensor(accept_u, dtype=torch.float64, device=p.device) * q_x < p_x
+    rejected = (~accepted_mask).nonzero()
+    k = int(rejected[0]) if len(rejected) else K
+    dist = residual(p[k], q[k]) if k < K else p[K]
+    return Verdict(accepted=k, token=int(sample_from_uniform(dist, sample_u)), draft_len=K)

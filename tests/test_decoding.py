@@ -1,0 +1,148 @@
+"""AR and SD decoding on tiny random pairs: lossless at temperature 0 and in distribution at temperature > 0."""
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.models import tiny_pair
+
+from .stats import ALPHA, chi_square_p
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    # noise 0: draft == target (acceptance 1); 0.4: a useful draft; 1: an unrelated draft (acceptance near chance).
+    return {noise: tiny_pair(vocab_size=32, agreement_noise=noise, seed=1) for noise in (0.0, 0.4, 1.0)}
+
+
+def random_prompts(n, vocab_size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(vocab_size, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def run(method, pair, prompt, seed=0, **config):
+    return method(pair, prompt, DecodeConfig(**config), torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("noise", [0.0, 0.4, 1.0])
+def test_greedy_sd_is_token_identical_to_the_target_alone(pairs, k, noise):
+    pair = pairs[noise]
+    for i, prompt in enumerate(random_prompts(4, pair.vocab_size)):
+        reference, _ = run(generate_ar, pair, prompt, max_new_tokens=40)
+        tokens, trace = run(generate_sd, pair, prompt, seed=i, k=k, max_new_tokens=40)
+        assert tokens == reference
+        assert trace.new_tokens == len(tokens) == 40
+        assert all(r.draft_len <= k for r in trace.rounds)
+
+
+def test_acceptance_follows_how_close_the_draft_is(pairs):
+    prompt = random_prompts(1, 32)[0]
+    rates = {n: run(generate_sd, p, prompt, k=4, max_new_tokens=60)[1].acceptance_rate for n, p in pairs.items()}
+    assert rates[0.0] == 1.0
+    assert rates[0.4] > rates[1.0]
+
+
+def test_sd_stops_at_eos_like_the_target(pairs):
+    pair = pairs[0.4]
+    prompt = random_prompts(1, pair.vocab_size, seed=3)[0]
+    free, _ = run(generate_ar, pair, prompt, max_new_tokens=30)
+    eos = free[7]
+    stop = free.index(eos)  # the first time the target emits it
+    pair = dataclasses.replace(pair, eos_token_ids=(eos,))
+    reference, _ = run(generate_ar, pair, prompt, max_new_tokens=30)
+    assert reference == free[: stop + 1]
+    for k in (1, 3, 8):
+        assert run(generate_sd, pair, prompt, k=k, max_new_tokens=30)[0] == reference
+
+
+def test_the_prompt_is_encoded_once_and_rejected_tokens_are_rolled_back(pairs):
+    pair = pairs[0.4]
+    fed = []
+    hook = pair.target.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        prompt = random_prompts(1, pair.vocab_size, seed=5)[0]
+        _, trace = run(generate_sd, pair, prompt, k=4, max_new_tokens=40)
+    finally:
+        hook.remove()
+    assert trace.acceptance_rate < 1  # there were rejections to roll back
+    # Round 0 feeds the prompt and the drafts; every later round only the token appended last round and the drafts.
+    assert fed == [len(prompt) + trace.rounds[0].draft_len] + [1 + r.draft_len for r in trace.rounds[1:]]
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(pairs):
+    pair = pairs[0.4]
+    prompt = random_prompts(1, pair.vocab_size, seed=7)[0]
+    a = run(generate_sd, pair, prompt, seed=11, k=3, temperature=1.0, max_new_tokens=30)[0]
+    b = run(generate_sd, pair, prompt, seed=11, k=3, temperature=1.0, max_new_tokens=30)[0]
+    c = run(generate_sd, pair, prompt, seed=12, k=3, temperature=1.0, max_new_tokens=30)[0]
+    assert a == b and a != c
+
+
+def test_trace_frame_has_one_row_per_round(pairs):
+    tokens, trace = run(generate_sd, pairs[0.4], [1, 2, 3], k=4, max_new_tokens=20)
+    frame = trace.to_frame()
+    assert len(frame) == len(trace.rounds) and frame["new_tokens"].sum() == len(tokens)
+    assert set(frame.columns) >= {"method", "round", "draft_len", "accepted", "token", "draft_s", "verify_s"}
+    assert ((frame["accepted"] >= 0) & (frame["accepted"] <= frame["draft_len"])).all()
+
+
+# ---- temperature > 0: the distribution of whole outputs is the target's ----------------------------------------
+
+
+def exact_target_distribution(pair, prompt, n_new, temperature):
+    """P(x_1..x_n | prompt) under the target for every one of V^n continuations, by brute force."""
+    V = pair.vocab_size
+    continuations = torch.tensor(list(itertools.product(range(V), repeat=n_new)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], dim=1)
+    with torch.inference_mode():
+        logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, continuations[..., None]).squeeze(-1)
+    return logp.sum(-1).exp()
+
+
+@pytest.mark.parametrize("method,k", [(generate_ar, 1), (generate_sd, 1), (generate_sd, 2)])
+def test_sampled_outputs_follow_the_target_distribution(method, k):
+    pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
+    prompt, n_new, temperature, n = [1, 4, 2], 3, 0.9, 2000
+    expected = exact_target_distribution(pair, prompt, n_new, temperature)
+    counts = torch.zeros(len(expected))
+    accepted = drafted = 0
+    for seed in range(n):
+        tokens, trace = run(method, pair, prompt, seed=seed, k=k, temperature=temperature, max_new_tokens=n_new)
+        counts[int(torch.tensor(tokens) @ (pair.vocab_size ** torch.arange(n_new - 1, -1, -1)))] += 1
+        accepted += sum(r.accepted for r in trace.rounds)
+        drafted += trace.drafted
+    if method is generate_sd:
+        assert 0.2 < accepted / drafted < 0.95  # the draft differs from the target: rejections were exercised
+    assert chi_square_p(counts, expected) > ALPHA
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (dict(k=0), "k \\(the draft length K\\) must be an integer >= 1"),
+        (dict(temperature=-0.1), "temperature must be a number >= 0"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    ],
+)
+def test_bad_config_is_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        DecodeConfig(**config)
+
+
+def test_bad_prompts_are_refused(pairs):
+    pair = pairs[0.4]
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        run(generate_sd, pair, [])
+    with pytest.raises(ValueError, match="longer than the context"):
+        run(generate_sd, pair, [1] * pair.max_context)
+    with pytest.raises(ValueError, match="max_new_tokens=64 does not fit"):
+        run(generate_ar, pair, [1] * (pair.max_context - 10), max_new_tokens=64)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        run(generate_ar, pair, [1, pair.vocab_size])
