@@ -1,0 +1,53 @@
+"""The real qwen2.5-coder pair, where realism matters: lossless greedy SD and the peers, on HumanEval prompts."""
+import os
+
+import pytest
+import torch
+
+from ssd.bench import run_bench
+from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.models import load_pair
+from ssd.prompts import encode, load_prompts
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def pair():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count())  # conftest keeps tiny models on one thread; real ones use every core
+    yield load_pair("qwen2.5-coder", progress=False)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    return [encode(pair.tokenizer, p) for p in load_prompts("humaneval[10:12]")]
+
+
+def test_greedy_sd_is_token_identical_to_the_target_for_every_k(pair, prompts):
+    config = DecodeConfig(max_new_tokens=16)
+    for ids in prompts:
+        reference, _ = generate_ar(pair, ids, config, torch.Generator().manual_seed(0))
+        assert len(reference) == 16
+        for k in (1, 2, 4, 8):
+            tokens, trace = generate_sd(pair, ids, DecodeConfig(k=k, max_new_tokens=16), torch.Generator().manual_seed(0))
+            assert tokens == reference, f"k={k}"
+            assert trace.acceptance_rate is not None and trace.acceptance_rate > 0.3  # a real draft, a real agreement
+
+
+def test_sampling_is_reproducible_for_a_seed(pair, prompts):
+    config = DecodeConfig(k=4, temperature=0.7, max_new_tokens=12)
+    a = generate_sd(pair, prompts[0], config, torch.Generator().manual_seed(3))[0]
+    b = generate_sd(pair, prompts[0], config, torch.Generator().manual_seed(3))[0]
+    assert a == b
+
+
+def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
+    result = run_bench(pair, load_prompts("humaneval[20:21]"), ["ar", "hf-ar", "sd", "hf-sd"],
+                       DecodeConfig(k=4, max_new_tokens=12), progress=False)
+    assert [r["identical_to_target"] for r in result["rows"]] == [True] * 4
+    summary = {s["method"]: s for s in result["summary"]}
+    assert summary["ar"]["speedup_vs_ar"] == 1.0
+    assert summary["sd"]["acceptance_rate"] is not None and summary["hf-sd"]["acceptance_rate"] is None
+    assert summary["sd"]["speedup_vs_peer"] > 0 and summary["ar"]["speedup_vs_peer"] > 0
