@@ -5,10 +5,9 @@ the next prompt starts, and the order of methods rotates from prompt to prompt s
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import platform
-import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -19,12 +18,14 @@ from tqdm.auto import tqdm
 from .decoding import DecodeConfig, generate_ar
 from .methods import get_method
 from .prompts import encode
+from .theory import measured_theorem7
+from .trace import Trace
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
 
 
-def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict]:
+def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     tokens, trace = get_method(method)(pair, prompt_ids, config, generator)
@@ -39,22 +40,26 @@ def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> t
         "rounds": len(trace.rounds),
         "acceptance_rate": trace.acceptance_rate,
         "mean_accepted": trace.mean_accepted,
-    }
+        "hit_rate": trace.hit_rate,
+    }, trace
 
 
 def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
     """One short untimed call per method: first calls pay for allocator growth and lazy initialisation."""
-    short = DecodeConfig(k=config.k, temperature=config.temperature, max_new_tokens=min(8, config.max_new_tokens))
+    short = dataclasses.replace(config, max_new_tokens=min(8, config.max_new_tokens))
     for method in methods:
         run_one(method, pair, prompt_ids, short, seed=0)
 
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True) -> dict:
-    """Returns {"rows": [...], "summary": [...]}: one row per (method, prompt), one summary row per method."""
+    """Returns {"rows": [...], "summary": [...]}: one row per (method, prompt), one summary row per method.
+
+    config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields).
+    """
     encoded = [(p.id, encode(pair.tokenizer, p)) for p in prompts]
     warm_up(pair, encoded[0][1], methods, config)
     greedy = config.temperature == 0
-    rows = []
+    rows, rounds = [], []
     bar = tqdm(total=len(encoded) * len(methods), desc="bench", disable=not progress)
     for i, (prompt_id, ids) in enumerate(encoded):
         reference = None
@@ -63,7 +68,9 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
         for j in range(len(methods)):
             method = methods[(i + j) % len(methods)]
             bar.set_postfix_str(f"{prompt_id} {method}")
-            tokens, row = run_one(method, pair, ids, config, seed=seed + i)
+            tokens, row, trace = run_one(method, pair, ids, config, seed=seed + i)
+            if trace.rounds:
+                rounds.append(trace.to_frame())
             if method == "ar":
                 reference = tokens
             rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), **row, "tokens": tokens})
@@ -71,10 +78,10 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
         for row in rows[-len(methods):]:
             row["identical_to_target"] = row.pop("tokens") == reference if greedy else None
     bar.close()
-    return {"rows": rows, "summary": summarize(pd.DataFrame(rows))}
+    return {"rows": rows, "summary": summarize(pd.DataFrame(rows), pd.concat(rounds) if rounds else None)}
 
 
-def summarize(rows: pd.DataFrame) -> list[dict]:
+def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[dict]:
     """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does)."""
     summary = []
     for method, g in rows.groupby("method", sort=False):
@@ -96,6 +103,12 @@ def summarize(rows: pd.DataFrame) -> list[dict]:
         s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
+    if rounds is not None and "ssd" in tps:
+        # Theorem 7 from what the ssd runs measured: what drafting and verifying on two devices would give.
+        ar_step_s = 1 / tps["ar"] if "ar" in tps else None
+        ssd = next(s for s in summary if s["method"] == "ssd")
+        ssd["hit_rate"] = float(rounds.loc[rounds.method == "ssd", "hit"].astype(bool).mean())
+        ssd.update(measured_theorem7(rounds[rounds.method == "ssd"], ar_step_s))
     return summary
 
 
@@ -116,19 +129,6 @@ def environment() -> dict:
 
 def summary_table(summary: list[dict]) -> str:
     columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_peer",
-               "acceptance_rate", "mean_accepted", "identical_to_target"]
-    return pd.DataFrame(summary)[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}")
-
-
-def write_json(path: str, result: dict) -> None:
-    """Atomic: a reader never sees a half-written file, an interrupted run leaves the old one in place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+               "acceptance_rate", "mean_accepted", "hit_rate", "predicted_speedup_vs_ar", "identical_to_target"]
+    frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
+    return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")

@@ -6,11 +6,13 @@ import sys
 
 import torch
 
-from . import bench
-from .decoding import DecodeConfig
+from . import bench, experiments
+from .files import write_csv, write_json
 from .methods import METHODS, get_method, parse_methods
 from .models import DEFAULT_PAIR, PAIRS, cache_dir, load_pair
+from .outcomes import STRATEGIES, check_strategy
 from .prompts import Prompt, encode, load_prompts
+from .ssd import BACKUPS, SSDConfig
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -22,6 +24,13 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator every draw uses (default 0)")
     p.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
+    s = p.add_argument_group("SSD (method ssd)")
+    s.add_argument("--budget", type=int, default=16, help="B, cached outcomes per round (default 16)")
+    s.add_argument("--fan-out", default="uniform", help=f"{' | '.join(STRATEGIES)} (default uniform)")
+    s.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro's C in [0, 1]; 1 = off (default 1)")
+    s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)} (default jit)")
+    s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated: its prior")
+    s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,12 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default="humaneval:8", help="humaneval[:N], prose[:N] or a Spec-Bench JSONL path")
     b.add_argument("--json", default=None, help="write rows, summary, machine and arguments here")
 
+    h = sub.add_parser("hit-rates", help="SSD hit rate against the budget B for each fan-out strategy, with 95%% CIs")
+    add_decoding_args(h)
+    h.add_argument("--prompts", default="humaneval:32", help="prompt set (default humaneval:32)")
+    h.add_argument("--budgets", default="0,1,2,4,8,16,32", help="comma-separated budgets; the run uses the largest")
+    h.add_argument("--strategies", default=",".join(STRATEGIES), help="fan-out strategies to evaluate")
+    h.add_argument("--out", default="data/hit_rates", help="writes OUT_rounds.csv and OUT.csv (default data/hit_rates)")
+
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
     return parser
 
 
-def setup(args) -> tuple[object, DecodeConfig]:
-    config = DecodeConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+def setup(args) -> tuple[object, SSDConfig]:
+    config = SSDConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                       budget=args.budget, fan_out=args.fan_out, saguaro_c=args.saguaro_c, backup=args.backup,
+                       a_p=args.a_p, r=args.r)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"threads must be >= 1, got {args.threads}")
@@ -62,6 +80,8 @@ def cmd_generate(args) -> None:
     stats = f"{len(tokens)} tokens in {trace.wall_s:.2f} s ({len(tokens) / trace.wall_s:.2f} tokens/s)"
     if trace.acceptance_rate is not None:
         stats += f", acceptance {trace.acceptance_rate:.2f}, {trace.tokens_per_round:.2f} tokens per round"
+    if trace.hit_rate is not None:
+        stats += f", hit rate {trace.hit_rate:.2f}"
     print(f"[{args.method}] {stats}", file=sys.stderr)
 
 
@@ -73,8 +93,30 @@ def cmd_bench(args) -> None:
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(), **result}
     print(bench.summary_table(result["summary"]))
     if args.json:
-        bench.write_json(args.json, result)
+        write_json(args.json, result)
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+def cmd_hit_rates(args) -> None:
+    """One SSD run at the largest budget (jit backup, C = 1), every smaller budget and strategy counterfactually."""
+    budgets = sorted({int(b) for b in args.budgets.split(",")})
+    strategies = [s.strip() for s in args.strategies.split(",")]
+    for s in strategies:
+        check_strategy(s)
+    if args.backup != "jit" or args.saguaro_c != 1.0:
+        raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
+                         "--saguaro-c 1 (see ssd.ssd.counterfactual_hits)")
+    args.budget = max(budgets)
+    prompts = load_prompts(args.prompts)
+    pair, config = setup(args)
+    rounds = experiments.ssd_rounds(pair, prompts, config, seed=args.seed)
+    curves = experiments.hit_rate_curves(rounds, budgets, config.k, strategies, a_p=config.a_p, r=config.r)
+    table = experiments.mean_ci(curves, ["strategy", "budget"], "hit_rate")
+    write_csv(rounds, f"{args.out}_rounds.csv")
+    write_csv(curves, f"{args.out}.csv")
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"acceptance rate {rounds.accepted.sum() / rounds.draft_len.sum():.3f}, {len(rounds)} rounds; "
+          f"wrote {args.out}.csv and {args.out}_rounds.csv", file=sys.stderr)
 
 
 def cmd_models(args) -> None:
@@ -87,7 +129,8 @@ def cmd_models(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "models": cmd_models}
+        commands[args.command](args)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .sampling import check_temperature, probs_from_logits, sample, uniforms
+from .sampling import check_temperature, probs_from_logits, sample, sample_from_uniform, uniforms
 from .trace import Round, Trace
 from .verify import verify
 
@@ -105,44 +105,70 @@ def generate_ar(pair, prompt_ids, config: DecodeConfig, generator: torch.Generat
     return new, trace
 
 
-def draft_tokens(draft: CachedModel, tokens: list[int], n: int, temperature: float, generator: torch.Generator):
-    """Draft n tokens autoregressively; returns them and the [n, V] distributions they were drawn from."""
-    drafted, q_rows = [], []
-    for _ in range(n):
-        q = probs_from_logits(draft.logits(tokens + drafted, keep=1)[0], temperature)
-        drafted.append(sample(q, generator))
+def draft_tokens(draft: CachedModel, tokens: list[int], u: torch.Tensor, temperature: float, reweight=None):
+    """Draft len(u) tokens autoregressively, one uniform each.
+
+    Returns the tokens, the [n, V] distributions q they were drawn from, and the draft's [n, V] logits there.
+    reweight(position, logits, q) -> q' lets SSD's Saguaro sampling change q; verify must then see the same q'.
+    """
+    drafted, q_rows, logit_rows = [], [], []
+    for j in range(len(u)):
+        logits = draft.logits(tokens + drafted, keep=1)[0]
+        q = probs_from_logits(logits, temperature)
+        if reweight is not None:
+            q = reweight(j, logits, q)
+        drafted.append(int(sample_from_uniform(q, u[j])))
         q_rows.append(q)
-    return drafted, q_rows
+        logit_rows.append(logits)
+    return drafted, q_rows, logit_rows
+
+
+class Verifier:
+    """The target side of SD and SSD: verify a draft, commit what it emits. Lives wherever the target model lives."""
+
+    def __init__(self, target_model, prompt_ids: list[int], config: DecodeConfig, eos_token_ids):
+        self.target = CachedModel(target_model)
+        self.tokens = list(prompt_ids)
+        self.config = config
+        self.eos = eos_token_ids
+        self.new: list[int] = []
+        self.accepted_len = len(prompt_ids)  # the committed prefix both models' caches may keep after a round
+
+    def draft_len(self) -> int:
+        """K of the next round: never draft past max_new_tokens (a round yields at most K + 1 tokens)."""
+        return min(self.config.k, self.config.max_new_tokens - len(self.new) - 1)
+
+    def verify(self, tokens: list[int], q: torch.Tensor, u_verify: torch.Tensor):
+        """Verify one draft; returns the verdict, the tokens it emitted and whether decoding is done."""
+        p = probs_from_logits(self.target.logits(self.tokens + tokens, keep=len(tokens) + 1), self.config.temperature)
+        verdict = verify(torch.tensor(tokens, dtype=torch.long), q.to(p.device), p, u_verify[:-1], u_verify[-1])
+        self.accepted_len = len(self.tokens) + verdict.accepted
+        self.target.rollback(self.accepted_len)
+        appended = tokens[: verdict.accepted] + [verdict.token]
+        emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new), self.eos)
+        self.tokens += emitted
+        self.new += emitted
+        return verdict, emitted, done
 
 
 def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
     """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling."""
-    tokens = check_prompt(pair, prompt_ids, config)
-    draft, target = CachedModel(pair.draft), CachedModel(pair.target)
-    trace = Trace("sd", prompt_len=len(tokens))
+    prompt_ids = check_prompt(pair, prompt_ids, config)
+    draft, verifier = CachedModel(pair.draft), Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
+    trace = Trace("sd", prompt_len=len(prompt_ids))
     start = time.perf_counter()
-    new: list[int] = []
     done = False
     while not done:
-        # Never draft past max_new_tokens: a round yields at most K + 1 tokens.
-        k_round = min(config.k, config.max_new_tokens - len(new) - 1)
+        k_round = verifier.draft_len()
         t0 = time.perf_counter()
-        drafted, q_rows = draft_tokens(draft, tokens, k_round, config.temperature, generator)
+        drafted, q_rows, _ = draft_tokens(draft, verifier.tokens, uniforms(k_round, generator), config.temperature)
         t1 = time.perf_counter()
-        p = probs_from_logits(target.logits(tokens + drafted, keep=k_round + 1), config.temperature)
-        q = torch.stack(q_rows) if q_rows else p[:0]
-        u = uniforms(k_round + 1, generator)
-        verdict = verify(torch.tensor(drafted, dtype=torch.long), q.to(p.device), p, u[:-1], u[-1])
-        # Both caches now keep only the accepted prefix; the appended token t* is fed next round.
-        accepted_len = len(tokens) + verdict.accepted
-        target.rollback(accepted_len)
-        draft.rollback(accepted_len)
-        appended = drafted[: verdict.accepted] + [verdict.token]
-        emitted, done = _finish(appended, config.max_new_tokens - len(new), pair.eos_token_ids)
-        tokens += emitted
-        new += emitted
+        q = torch.stack(q_rows) if q_rows else torch.empty(0, pair.vocab_size)
+        verdict, emitted, done = verifier.verify(drafted, q, uniforms(k_round + 1, generator))
+        # The draft's cache keeps only the accepted prefix too; the appended token t* is fed next round.
+        draft.rollback(verifier.accepted_len)
         trace.rounds.append(
             Round(k_round, verdict.accepted, verdict.token, len(emitted), t1 - t0, time.perf_counter() - t1)
         )
     trace.wall_s = time.perf_counter() - start
-    return new, trace
+    return verifier.new, trace

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from .decoding import generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
+from .ssd import generate_ssd
 
 METHODS = {
     "ar": generate_ar,  # the target alone: the reference
     "sd": generate_sd,  # speculative decoding
+    "ssd": generate_ssd,  # speculative speculative decoding, one process (needs an SSDConfig)
     "hf-ar": generate_hf_ar,  # transformers' generate (peer)
     "hf-sd": generate_hf_sd,  # transformers' assisted generation (peer)
 }

@@ -5,6 +5,7 @@ rounds, so their trace carries only the wall time (``rounds`` is empty).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -21,16 +22,14 @@ def generation_config(pair, config: DecodeConfig, **extra) -> GenerationConfig:
     sets top_k, top_p or a repetition penalty; each is set explicitly here so all methods sample the same p.
     """
     eos = list(pair.eos_token_ids) or None
+    sampling = dict(temperature=config.temperature, top_k=0, top_p=1.0, typical_p=1.0) if config.temperature > 0 else {}
     return GenerationConfig(
         max_new_tokens=config.max_new_tokens,
         do_sample=config.temperature > 0,
-        temperature=config.temperature if config.temperature > 0 else 1.0,
-        top_k=0,
-        top_p=1.0,
-        typical_p=1.0,
         repetition_penalty=1.0,
         eos_token_id=eos,
         pad_token_id=eos[0] if eos else 0,
+        **sampling,
         **extra,
     )
 
@@ -52,15 +51,23 @@ def generate_hf_ar(pair, prompt_ids, config: DecodeConfig, generator: torch.Gene
     return _hf_generate("hf-ar", pair, prompt_ids, config, generator, generation_config=generation_config(pair, config))
 
 
+@contextlib.contextmanager
+def fixed_draft_length(draft, k: int):
+    """transformers reads K and its schedule from the *assistant's* generation_config (default: 20 tokens, adapted
+    each round), not from the config passed to generate; set them there for the call, then restore them."""
+    settings = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    saved = {key: getattr(draft.generation_config, key, None) for key in settings}
+    for key, value in settings.items():
+        setattr(draft.generation_config, key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(draft.generation_config, key, value)
+
+
 def generate_hf_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
     """transformers' assisted generation with our draft and a fixed K (no adaptive schedule, no early exit)."""
-    gen_config = generation_config(
-        pair,
-        config,
-        num_assistant_tokens=config.k,
-        num_assistant_tokens_schedule="constant",
-        assistant_confidence_threshold=0.0,
-    )
-    return _hf_generate(
-        "hf-sd", pair, prompt_ids, config, generator, generation_config=gen_config, assistant_model=pair.draft
-    )
+    with fixed_draft_length(pair.draft, config.k):
+        return _hf_generate("hf-sd", pair, prompt_ids, config, generator,
+                            generation_config=generation_config(pair, config), assistant_model=pair.draft)

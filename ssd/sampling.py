@@ -68,3 +68,25 @@ def one_hot(tokens: torch.Tensor | list[int], vocab_size: int) -> torch.Tensor:
     """q for a deterministic proposal: all mass on the proposed token, which keeps rejection sampling lossless."""
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def check_saguaro_c(c: float) -> float:
+    if not (isinstance(c, (int, float)) and 0.0 <= c <= 1.0):
+        raise ValueError(f"saguaro_c (C) must lie in [0, 1] (1 = plain sampling), got {c!r}")
+    return float(c)
+
+
+def saguaro(q: torch.Tensor, covered: torch.Tensor, c: float) -> torch.Tensor:
+    """Saguaro sampling (Definition 14) on post-temperature probabilities: the covered tokens' mass times C.
+
+    q: [..., V]; covered: [..., F] token ids (the set the cache covers at this position). Lowering q on exactly the
+    cached tokens raises the residual max(p - q, 0) there, so a rejection recovers a cached token more often: hit
+    rate up, acceptance down as C -> 0. Lossless as long as verify sees this same q. If C = 0 and the covered tokens
+    hold all the mass, nothing is left to sample: q is returned unchanged.
+    """
+    if c == 1.0 or covered.shape[-1] == 0:
+        return q
+    scale = torch.ones_like(q).scatter_(-1, covered, c)
+    w = q * scale
+    total = w.sum(-1, keepdim=True)
+    return torch.where(total > 0, w / total.clamp_min(torch.finfo(w.dtype).tiny), q)

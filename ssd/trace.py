@@ -22,6 +22,19 @@ class Round:
 
 
 @dataclass
+class SSDRound(Round):
+    """A round of SSD: the draft phase is replaced by pre-speculation, plus a backup on a miss."""
+
+    prespec_s: float = 0.0  # pre-speculating the next round for every predicted outcome (overlaps verify on 2 devices)
+    hit: bool | None = None  # was this round's outcome (k, t*) in the cache? None where nothing was predicted
+    rank: int | None = None  # rank of t* among the candidates at position k: a hit at fan-out F iff rank <= F
+    fan_out: tuple[int, ...] = ()  # F_0..F_K the candidates of this round were chosen with
+    a_p: float | None = None  # the a_p and r the fan-out strategy used (calibrated: the running estimates)
+    r: float | None = None
+    backup: str | None = None  # which backup drafted the next round after a miss ("jit" or "fast")
+
+
+@dataclass
 class Trace:
     """Everything one generate call measured; the bench and the notebooks read only this."""
 
@@ -51,11 +64,16 @@ class Trace:
         return sum(ks) / len(ks) if ks else None
 
     @property
+    def hit_rate(self) -> float | None:
+        looked_up = [r.hit for r in self.rounds if getattr(r, "hit", None) is not None]
+        return sum(looked_up) / len(looked_up) if looked_up else None
+
+    @property
     def tokens_per_round(self) -> float | None:
         return self.new_tokens / len(self.rounds) if self.rounds else None
 
     def to_frame(self) -> pd.DataFrame:
         """One row per round, with the method and the round index: tidy, ready to concatenate across runs."""
         rows = [{"method": self.method, "round": i, **asdict(r)} for i, r in enumerate(self.rounds)]
-        columns = ["method", "round", *Round.__dataclass_fields__]
-        return pd.DataFrame(rows, columns=columns)
+        kind = type(self.rounds[0]) if self.rounds else Round
+        return pd.DataFrame(rows, columns=["method", "round", *kind.__dataclass_fields__])

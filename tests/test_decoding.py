@@ -1,6 +1,5 @@
 """AR and SD decoding on tiny random pairs: lossless at temperature 0 and in distribution at temperature > 0."""
 import dataclasses
-import itertools
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ import torch
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.models import tiny_pair
 
-from .stats import ALPHA, chi_square_p
+from .stats import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +91,6 @@ def test_trace_frame_has_one_row_per_round(pairs):
 # ---- temperature > 0: the distribution of whole outputs is the target's ----------------------------------------
 
 
-def exact_target_distribution(pair, prompt, n_new, temperature):
-    """P(x_1..x_n | prompt) under the target for every one of V^n continuations, by brute force."""
-    V = pair.vocab_size
-    continuations = torch.tensor(list(itertools.product(range(V), repeat=n_new)))
-    ids = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], dim=1)
-    with torch.inference_mode():
-        logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, continuations[..., None]).squeeze(-1)
-    return logp.sum(-1).exp()
-
-
 @pytest.mark.parametrize("method,k", [(generate_ar, 1), (generate_sd, 1), (generate_sd, 2)])
 def test_sampled_outputs_follow_the_target_distribution(method, k):
     pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
@@ -112,7 +100,7 @@ def test_sampled_outputs_follow_the_target_distribution(method, k):
     accepted = drafted = 0
     for seed in range(n):
         tokens, trace = run(method, pair, prompt, seed=seed, k=k, temperature=temperature, max_new_tokens=n_new)
-        counts[int(torch.tensor(tokens) @ (pair.vocab_size ** torch.arange(n_new - 1, -1, -1)))] += 1
+        counts[sequence_index(tokens, pair.vocab_size)] += 1
         accepted += sum(r.accepted for r in trace.rounds)
         drafted += trace.drafted
     if method is generate_sd:

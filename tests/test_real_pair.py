@@ -8,6 +8,7 @@ from ssd.bench import run_bench
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.models import load_pair
 from ssd.prompts import encode, load_prompts
+from ssd.ssd import SSDConfig, generate_ssd
 
 pytestmark = pytest.mark.real
 
@@ -51,3 +52,20 @@ def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
     assert summary["ar"]["speedup_vs_ar"] == 1.0
     assert summary["sd"]["acceptance_rate"] is not None and summary["hf-sd"]["acceptance_rate"] is None
     assert summary["sd"]["speedup_vs_peer"] > 0 and summary["ar"]["speedup_vs_peer"] > 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(budget=4, fan_out="uniform", saguaro_c=1.0, backup="jit"),
+        dict(budget=16, fan_out="geometric", saguaro_c=0.7, backup="fast"),
+        dict(budget=64, fan_out="calibrated", saguaro_c=0.0, backup="jit"),
+    ],
+    ids=["uniform-4", "geometric-16-fast", "calibrated-64-c0"],
+)
+def test_greedy_ssd_is_token_identical_to_the_target(pair, prompts, options):
+    ids = prompts[1]
+    reference, _ = generate_ar(pair, ids, DecodeConfig(max_new_tokens=16), torch.Generator().manual_seed(0))
+    tokens, trace = generate_ssd(pair, ids, SSDConfig(k=4, max_new_tokens=16, **options), torch.Generator().manual_seed(0))
+    assert tokens == reference
+    assert trace.hit_rate > 0  # code on a real pair: the cache does get hit

@@ -1,0 +1,34 @@
+"""Atomic writes: a reader never sees a half-written file, and an interrupted run leaves the old one in place."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+import pandas as pd
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block finishes."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=directory)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str, result: dict) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+
+
+def write_csv(frame: pd.DataFrame, path: str) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)

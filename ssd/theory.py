@@ -1,0 +1,48 @@
+"""Closed forms: tokens per round, SD's speedup, Theorem 7 for SSD, and Theorem 7 fed by a measured trace."""
+from __future__ import annotations
+
+import pandas as pd
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E = (1 - a^(K+1)) / (1 - a): expected tokens per round at per-token acceptance rate a."""
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def sd_speedup(a: float, k: int, c: float) -> float:
+    """SD over autoregressive: E / (c K + 1), with c the draft/target cost ratio."""
+    return expected_tokens(a, k) / (c * k + 1)
+
+
+def theorem7_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float) -> float:
+    """Theorem 7: SSD over autoregressive, latencies in units of one target verify pass.
+
+    [p_hit E_hit + (1 - p_hit) E_miss] / [p_hit max(1, T_p) + (1 - p_hit)(1 + T_b)]: after a hit the next draft is
+    ready as soon as both the verify pass and the pre-speculation (T_p) end; after a miss the backup (T_b) drafts
+    after the verify pass.
+    """
+    return (p_hit * e_hit + (1 - p_hit) * e_miss) / (p_hit * max(1.0, t_p) + (1 - p_hit) * (1 + t_b))
+
+
+def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> dict:
+    """Theorem 7 with every input measured on SSD rounds (one frame, or several runs concatenated).
+
+    E_hit / E_miss are the tokens of rounds whose draft came from a hit / a backup; T_p and T_b the mean
+    pre-speculation and backup times over the mean verify time. The theorem counts time in verify passes, which on
+    a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
+    is rescaled by ar_step_s / verify_s.
+    """
+    previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
+    verify_s = rounds["verify_s"].mean()
+    backups = rounds.loc[rounds["backup"].notna(), "draft_s"]
+    out = {
+        "p_hit": float(rounds["hit"].astype(bool).mean()),
+        "e_hit": float(rounds.loc[previous_hit, "new_tokens"].mean()) if previous_hit.any() else 0.0,
+        "e_miss": float(rounds.loc[~previous_hit, "new_tokens"].mean()),
+        "t_p": float(rounds["prespec_s"].mean() / verify_s),
+        "t_b": float(backups.mean() / verify_s) if len(backups) else 0.0,
+        "verify_s": float(verify_s),
+    }
+    out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"])
+    out["predicted_speedup_vs_ar"] = out["tokens_per_verify"] * ar_step_s / verify_s if ar_step_s else None
+    return out

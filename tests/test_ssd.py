@@ -1,0 +1,175 @@
+"""Single-process SSD on tiny random pairs: lossless, tree drafting exact, counterfactual hit rates exact."""
+import itertools
+
+import pandas as pd
+import pytest
+import torch
+
+import ssd.decoding
+import ssd.ssd
+from ssd.cache import Speculation, SpeculationCache
+from ssd.decoding import CachedModel, draft_tokens, generate_ar
+from ssd.models import tiny_pair
+from ssd.sampling import uniforms
+from ssd.ssd import SSDConfig, counterfactual_hits, draft_tree, generate_ssd, ngram_proposal
+
+from .stats import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab_size=32, agreement_noise=0.1, seed=4)
+
+
+def run(method, pair, prompt, seed=0, **config):
+    return method(pair, prompt, SSDConfig(**config), torch.Generator().manual_seed(seed))
+
+
+def test_tree_drafting_equals_drafting_each_branch_alone(pair):
+    prompt, K = [3, 1, 4, 1, 5], 3
+    main = CachedModel(pair.draft)
+    chain, _, _ = draft_tokens(main, prompt, uniforms(K, torch.Generator()), 0.0)
+    main.logits(prompt + chain, keep=1)  # the glue: the cache now covers prompt + chain
+    outcomes = [(0, 7), (1, 2), (1, 9), (3, 11)]
+    config = SSDConfig(k=K, temperature=1.0)
+    u = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
+    branches = draft_tree(main, len(prompt), outcomes, u, config, [0] * (K + 1))
+    assert main.length == len(prompt) + K  # the tree was cropped away
+    for (k, t), branch in zip(outcomes, branches):
+        alone = CachedModel(pair.draft)
+        tokens, q_rows, logit_rows = draft_tokens(alone, prompt + chain[:k] + [t], u, 1.0)
+        assert branch.tokens == tokens
+        torch.testing.assert_close(branch.logits, torch.stack(logit_rows), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(branch.q, torch.stack(q_rows), atol=1e-5, rtol=1e-4)
+
+
+STRATEGIES = ["uniform", "geometric", "calibrated"]
+
+
+@pytest.mark.parametrize("backup", ["jit", "fast"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_ssd_is_token_identical_to_the_target(pair, strategy, backup):
+    prompts = [[1, 2, 3], [7, 7, 1, 7, 7, 1, 7]]
+    for prompt in prompts:
+        reference, _ = run(generate_ar, pair, prompt, max_new_tokens=30)
+        for budget, c in itertools.product([0, 1, 4, 16, 64], [1.0, 0.7, 0.1, 0.0]):
+            tokens, trace = run(generate_ssd, pair, prompt, k=4, max_new_tokens=30, budget=budget, fan_out=strategy,
+                                saguaro_c=c, backup=backup)
+            assert tokens == reference, (budget, c)
+            if budget == 0:
+                assert trace.hit_rate == 0
+
+
+def test_hits_are_exactly_the_outcomes_ranked_within_the_fan_out(pair):
+    _, trace = run(generate_ssd, pair, [5, 6, 7], seed=1, k=4, temperature=1.0, max_new_tokens=60, budget=8)
+    frame = trace.to_frame()
+    assert 0 < frame["hit"].mean() < 1
+    for row in frame.itertuples():
+        assert row.hit == (pd.notna(row.rank) and row.rank <= row.fan_out[row.accepted])
+        assert pd.isna(row.backup) == (row.hit or row.round == len(frame) - 1)  # the backup runs after each miss
+
+
+def test_hit_rate_rises_with_the_budget(pair):
+    rates = [run(generate_ssd, pair, [5, 6, 7], k=4, temperature=1.0, max_new_tokens=80, budget=b)[1].hit_rate
+             for b in (0, 2, 8, 32)]
+    assert rates[0] == 0 and rates == sorted(rates) and rates[-1] > rates[1]
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "calibrated"])
+def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
+    budgets = [0, 1, 3, 8, 20]
+    common = dict(k=3, temperature=0.8, max_new_tokens=50, fan_out=strategy, a_p=0.8, r=0.7)
+    # The curve of either strategy comes from a run with the other: the ranks do not depend on what was cached.
+    other = "calibrated" if strategy == "uniform" else "uniform"
+    tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets), **(common | {"fan_out": other}))
+    predicted = counterfactual_hits(trace.to_frame(), budgets, k=3, strategy=strategy, a_p=0.8, r=0.7)
+    for b in budgets:
+        tokens_b, trace_b = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=b, **common)
+        assert tokens_b == tokens  # the trajectory does not depend on B (jit backup, C = 1)
+        assert predicted[predicted.budget == b].hit.tolist() == [bool(r.hit) for r in trace_b.rounds]
+
+
+# ---- temperature > 0: Saguaro and the fast backup stay lossless -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(budget=6, saguaro_c=0.2, backup="jit"),
+        dict(budget=6, saguaro_c=0.0, backup="jit", fan_out="calibrated"),
+        dict(budget=3, saguaro_c=1.0, backup="fast"),
+        dict(budget=6, saguaro_c=0.5, backup="fast", fan_out="geometric"),
+    ],
+    ids=["saguaro-0.2", "saguaro-0-calibrated", "fast", "saguaro-0.5-fast"],
+)
+def test_sampled_outputs_follow_the_target_distribution(options):
+    assert sampled_fit(options) > ALPHA
+
+
+def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(monkeypatch):
+    """Saguaro's classic defect: the draft samples from one q and verification uses another."""
+    real = ssd.decoding.sample_from_uniform
+
+    def sharpened(q, u):
+        return real(q**3, u)
+
+    monkeypatch.setattr(ssd.decoding, "sample_from_uniform", sharpened)
+    monkeypatch.setattr(ssd.ssd, "sample_from_uniform", sharpened)
+    assert sampled_fit(dict(budget=6, saguaro_c=0.2, backup="jit")) < ALPHA
+
+
+def sampled_fit(options):
+    """p-value of the chi-square test of 3-token SSD outputs against the exact target distribution."""
+    pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
+    prompt, n_new, temperature, n = [1, 4, 2, 1, 4], 3, 0.9, 1500
+    expected = exact_target_distribution(pair, prompt, n_new, temperature)
+    counts = torch.zeros(len(expected))
+    hits = rounds = 0
+    for seed in range(n):
+        tokens, trace = run(generate_ssd, pair, prompt, seed=seed, k=2, temperature=temperature,
+                            max_new_tokens=n_new, **options)
+        counts[sequence_index(tokens, pair.vocab_size)] += 1
+        hits += sum(bool(r.hit) for r in trace.rounds)
+        rounds += len(trace.rounds)
+    assert 0.05 < hits / rounds < 0.95  # both the cache and the backup were exercised
+    return chi_square_p(counts, expected)
+
+
+def test_saguaro_raises_the_hit_rate_and_lowers_acceptance(pair):
+    plain = run(generate_ssd, pair, [5, 6, 7], k=4, temperature=1.0, max_new_tokens=150, budget=8)[1]
+    low_c = run(generate_ssd, pair, [5, 6, 7], k=4, temperature=1.0, max_new_tokens=150, budget=8, saguaro_c=0.0)[1]
+    assert low_c.hit_rate > plain.hit_rate
+    assert low_c.acceptance_rate < plain.acceptance_rate
+
+
+# ---- pieces ----------------------------------------------------------------------------------------------------
+
+
+def test_ngram_proposal_copies_what_followed_the_last_match():
+    assert ngram_proposal([1, 2, 3, 9, 1, 2, 3], 3, 3) == [9, 1, 2]
+    assert ngram_proposal([5, 6, 5], 2, 3) == [6, 5]
+    assert ngram_proposal([4, 8, 4], 3, 3) == [8, 4, 4]  # a short continuation is padded with its last token
+    assert ngram_proposal([1, 2, 3], 2, 3) == [3, 3]  # no match: repeat the last token
+
+
+def test_cache_counts_hits_and_misses():
+    cache = SpeculationCache()
+    spec = Speculation([1], torch.ones(1, 2) / 2, None, [1, 1])
+    cache.fill({(0, 1): spec})
+    assert cache.lookup((0, 1)) is spec and cache.lookup((1, 1)) is None
+    assert (cache.hits, cache.misses, cache.hit_rate, len(cache)) == (1, 1, 0.5, 1)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(budget=-1), "budget \\(B, the number of cached outcomes\\) must be an integer >= 0"),
+        (dict(saguaro_c=1.5), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
+        (dict(saguaro_c=-0.1), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
+        (dict(fan_out="zipf"), "fan_out must be one of uniform, geometric, calibrated"),
+        (dict(backup="slow"), "backup must be one of jit, fast"),
+    ],
+)
+def test_bad_ssd_config_is_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        SSDConfig(**options)
