@@ -103,12 +103,15 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[di
         s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
-    if rounds is not None and "ssd" in tps:
-        # Theorem 7 from what the ssd runs measured: what drafting and verifying on two devices would give.
+    for name in ("ssd", "ssd-pipeline"):
+        if rounds is None or name not in tps:
+            continue
+        # Theorem 7 from what the method's rounds measured: for ssd, what drafting and verifying on two devices would
+        # give; for ssd-pipeline, the prediction to hold against its measured speedup_vs_ar.
         ar_step_s = 1 / tps["ar"] if "ar" in tps else None
-        ssd = next(s for s in summary if s["method"] == "ssd")
-        ssd["hit_rate"] = float(rounds.loc[rounds.method == "ssd", "hit"].astype(bool).mean())
-        ssd.update(measured_theorem7(rounds[rounds.method == "ssd"], ar_step_s))
+        ssd = next(s for s in summary if s["method"] == name)
+        ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
+        ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
     return summary
 
 
@@ -129,6 +132,7 @@ def environment() -> dict:
 
 def summary_table(summary: list[dict]) -> str:
     columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_peer",
-               "acceptance_rate", "mean_accepted", "hit_rate", "predicted_speedup_vs_ar", "identical_to_target"]
+               "acceptance_rate", "mean_accepted", "hit_rate", "t_p", "t_b", "predicted_speedup_vs_ar",
+               "identical_to_target"]
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
     return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")

@@ -11,6 +11,7 @@ from .files import write_csv, write_json
 from .methods import METHODS, get_method, parse_methods
 from .models import DEFAULT_PAIR, PAIRS, cache_dir, load_pair
 from .outcomes import STRATEGIES, check_strategy
+from .pipeline import PipelineConfig
 from .prompts import Prompt, encode, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
@@ -31,6 +32,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)} (default jit)")
     s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated: its prior")
     s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
+    t = p.add_argument_group("SSD on two ranks (method ssd-pipeline; see ssd.pipeline)")
+    t.add_argument("--verifier-cores", default="0", help="CPU cores of the verifier rank (target), e.g. 0 or 0-3 "
+                   "(default 0); it runs one torch thread per core")
+    t.add_argument("--drafter-cores", default="1", help="CPU cores of the drafter rank (draft) (default 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,9 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup(args) -> tuple[object, SSDConfig]:
-    config = SSDConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                       budget=args.budget, fan_out=args.fan_out, saguaro_c=args.saguaro_c, backup=args.backup,
-                       a_p=args.a_p, r=args.r)
+    # A PipelineConfig is an SSDConfig that also carries the pipeline's cores; every other method ignores them.
+    config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                            budget=args.budget, fan_out=args.fan_out, saguaro_c=args.saguaro_c, backup=args.backup,
+                            a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
+                            drafter_cores=args.drafter_cores)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"threads must be >= 1, got {args.threads}")

@@ -48,6 +48,9 @@ class Pair:
     tokenizer: transformers.PreTrainedTokenizerBase | None  # None only for tiny random pairs
     name: str
     eos_token_ids: tuple[int, ...] = ()
+    # What builds this pair again in another process (ssd.pipeline's drafter rank loads its own draft): a name for
+    # load_pair / load_draft, or a picklable zero-argument callable returning the same Pair. None: unknown.
+    source: object = None
 
     def __post_init__(self):
         # Speculative sampling compares the two models' distributions index by index: one vocabulary or nothing.
@@ -118,17 +121,46 @@ def _ready(model, device):
 def load_pair(name: str = DEFAULT_PAIR, *, dtype=torch.float32, device="cpu", progress=True) -> Pair:
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID"."""
     if name in PAIRS:
-        return _load_registered(name, PAIRS[name], dtype, device, progress)
-    if name == TINY_PAIR:
+        pair = _load_registered(name, PAIRS[name], dtype, device, progress)
+    elif name == TINY_PAIR:
         pair = tiny_pair()
         pair.draft, pair.target = (_ready(m.to(dtype), device) for m in (pair.draft, pair.target))
-        return pair
+    else:
+        ids = _hub_ids(name)
+        if ids is None:
+            raise ValueError(_unknown_pair(name, "pair"))
+        pair = _load_hub_pair(ids[0], ids[1], dtype, device)
+    pair.source = name
+    return pair
+
+
+def load_draft(name: str, *, dtype=torch.float32, device="cpu", progress=True) -> transformers.PreTrainedModel:
+    """The draft model load_pair(name) would load, alone: what a drafter on its own device needs."""
+    if name in PAIRS:
+        return _load_cached(PAIRS[name].draft, dtype, device, progress)[0]
+    if name == TINY_PAIR:
+        return _ready(tiny_pair().draft.to(dtype), device)
+    ids = _hub_ids(name)
+    if ids is None:
+        raise ValueError(_unknown_pair(name, "pair"))
+    return _ready(_load_hub_model(ids[0], dtype)[0], device)
+
+
+def check_pair_name(name, parameter: str = "pair") -> None:
+    """Raise ValueError naming `parameter` unless load_pair(name) would know what to load."""
+    if not (name in PAIRS or name == TINY_PAIR or _hub_ids(name)):
+        raise ValueError(_unknown_pair(name, parameter))
+
+
+def _hub_ids(name) -> tuple[str, str] | None:
     ids = [s.strip() for s in name.split(",")] if isinstance(name, str) else []
-    if len(ids) == 2 and all(ids):
-        return _load_hub_pair(ids[0], ids[1], dtype, device)
-    raise ValueError(f"pair {name!r} is not known; allowed: {', '.join(repr(p) for p in PAIRS)} (offline), "
-                     f"{TINY_PAIR!r} (tiny random models for tests), or 'DRAFT_ID,TARGET_ID' with two Hugging Face "
-                     "hub ids or local folders, e.g. 'distilgpt2,gpt2-medium'")
+    return (ids[0], ids[1]) if len(ids) == 2 and all(ids) else None
+
+
+def _unknown_pair(name, parameter: str) -> str:
+    return (f"{parameter} {name!r} is not known; allowed: {', '.join(repr(p) for p in PAIRS)} (offline), "
+            f"{TINY_PAIR!r} (tiny random models for tests), or 'DRAFT_ID,TARGET_ID' with two Hugging Face "
+            "hub ids or local folders, e.g. 'distilgpt2,gpt2-medium'")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -427,4 +459,7 @@ def tiny_pair(*, vocab_size=16, agreement_noise=0.3, seed=0, hidden_size=32, num
             if name in target_w:
                 p.copy_((1 - agreement_noise) * target_w[name] + agreement_noise * noise_w[name])
     target.config.name_or_path, draft.config.name_or_path = "tiny-target", "tiny-draft"
-    return Pair(_ready(draft, "cpu"), _ready(target, "cpu"), None, TINY_PAIR, ())
+    source = functools.partial(tiny_pair, vocab_size=vocab_size, agreement_noise=agreement_noise, seed=seed,
+                               hidden_size=hidden_size, num_layers=num_layers, max_context=max_context,
+                               logit_scale=logit_scale, init_std=init_std)
+    return Pair(_ready(draft, "cpu"), _ready(target, "cpu"), None, TINY_PAIR, (), source)

@@ -35,6 +35,15 @@ class SSDRound(Round):
 
 
 @dataclass
+class PipelineRound(SSDRound):
+    """A round of the two-rank pipeline: verify_s on the verifier, prespec_s and draft_s on the drafter."""
+
+    # The verifier's idle time from the end of this round's verify pass until the next draft (or the last report)
+    # arrived: about max(0, prespec - verify) after a hit, plus the backup after a miss, plus the messages' transit.
+    wait_s: float = 0.0
+
+
+@dataclass
 class Trace:
     """Everything one generate call measured; the bench and the notebooks read only this."""
 

@@ -45,13 +45,15 @@ def test_sampling_is_reproducible_for_a_seed(pair, prompts):
 
 
 def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
-    result = run_bench(pair, load_prompts("humaneval[20:21]"), ["ar", "hf-ar", "sd", "hf-sd"],
-                       DecodeConfig(k=4, max_new_tokens=12), progress=False)
-    assert [r["identical_to_target"] for r in result["rows"]] == [True] * 4
+    methods = ["ar", "hf-ar", "sd", "hf-sd", "ssd"]
+    result = run_bench(pair, load_prompts("humaneval[20:21]"), methods, SSDConfig(k=4, max_new_tokens=12, budget=8),
+                       progress=False)
+    assert [r["identical_to_target"] for r in result["rows"]] == [True] * len(methods)
     summary = {s["method"]: s for s in result["summary"]}
     assert summary["ar"]["speedup_vs_ar"] == 1.0
     assert summary["sd"]["acceptance_rate"] is not None and summary["hf-sd"]["acceptance_rate"] is None
     assert summary["sd"]["speedup_vs_peer"] > 0 and summary["ar"]["speedup_vs_peer"] > 0
+    assert 0 < summary["ssd"]["hit_rate"] <= 1 and summary["ssd"]["predicted_speedup_vs_ar"] > 0
 
 
 @pytest.mark.parametrize(
@@ -69,3 +71,17 @@ def test_greedy_ssd_is_token_identical_to_the_target(pair, prompts, options):
     tokens, trace = generate_ssd(pair, ids, SSDConfig(k=4, max_new_tokens=16, **options), torch.Generator().manual_seed(0))
     assert tokens == reference
     assert trace.hit_rate > 0  # code on a real pair: the cache does get hit
+
+
+def test_greedy_pipeline_is_token_identical_to_the_target(pair, prompts):
+    from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
+
+    ids = prompts[0]
+    reference, _ = generate_ar(pair, ids, DecodeConfig(max_new_tokens=16), torch.Generator().manual_seed(0))
+    config = PipelineConfig(k=4, max_new_tokens=16, budget=4, fan_out="calibrated", a_p=0.85, r=1.2)
+    try:
+        tokens, trace = generate_ssd_pipeline(pair, ids, config, torch.Generator().manual_seed(0))
+    finally:
+        close_pipelines()
+    assert tokens == reference
+    assert trace.method == "ssd-pipeline" and trace.hit_rate > 0

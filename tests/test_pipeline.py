@@ -1,0 +1,365 @@
+"""The two-rank SSD pipeline on tiny random pairs: the same tokens as one-process SSD, and faults that end both ranks.
+
+Each Pipeline spawns a drafter process (a few seconds: a fresh interpreter imports torch and transformers), so the
+correctness tests share one through generate_ssd_pipeline's cache, and each fault test starts its own.
+"""
+import _thread
+import functools
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import ssd.methods
+import ssd.pipeline
+from ssd.bench import run_one, summarize
+from ssd.cli import build_parser, main, setup
+from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.methods import get_method
+from ssd.models import Pair, load_pair, tiny_pair
+from ssd.pipeline import (Pipeline, PipelineConfig, PipelineError, close_pipelines, generate_ssd_pipeline,
+                          parse_cores, pipeline_for)
+from ssd.ssd import SSDConfig, generate_ssd
+from ssd.theory import measured_theorem7
+
+CORES = [str(c) for c in sorted(os.sched_getaffinity(0))]
+VERIFIER, DRAFTER = CORES[0], CORES[-1]  # two cores where there are two; one shared core otherwise
+PAIR_ARGS = dict(vocab_size=32, agreement_noise=0.1, seed=4)
+PROMPTS = [[1, 2, 3], [7, 7, 1, 7, 7, 1, 7]]
+RECORD = ["draft_len", "accepted", "token", "new_tokens", "hit", "rank", "fan_out", "a_p", "r", "backup"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(**PAIR_ARGS)
+
+
+def config(**options) -> PipelineConfig:
+    return PipelineConfig(verifier_cores=VERIFIER, drafter_cores=DRAFTER, timeout_s=30, **options)
+
+
+def records(trace) -> list[tuple]:
+    """Everything a round decided, without its times."""
+    return [tuple(getattr(r, f) for f in RECORD) for r in trace.rounds]
+
+
+def run(method, pair, prompt, seed, cfg):
+    generator = torch.Generator().manual_seed(seed)
+    tokens, trace = method(pair, prompt, cfg, generator)
+    return tokens, trace, generator.get_state()
+
+
+# ---- the same tokens as one process ------------------------------------------------------------------------------
+
+GREEDY = [
+    dict(fan_out="uniform", budget=0, saguaro_c=1.0, backup="jit"),
+    dict(fan_out="uniform", budget=4, saguaro_c=0.5, backup="fast"),
+    dict(fan_out="geometric", budget=16, saguaro_c=1.0, backup="jit"),
+    dict(fan_out="geometric", budget=4, saguaro_c=0.5, backup="fast"),
+    dict(fan_out="calibrated", budget=16, saguaro_c=0.5, backup="jit"),
+    dict(fan_out="calibrated", budget=16, saguaro_c=1.0, backup="fast"),
+]
+
+
+@pytest.mark.parametrize("options", GREEDY, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_greedy_pipeline_is_token_identical_to_the_target(pair, options):
+    cfg = config(k=4, max_new_tokens=30, **options)
+    for prompt in PROMPTS:
+        reference, _ = generate_ar(pair, prompt, cfg, torch.Generator())
+        tokens, trace, _ = run(generate_ssd_pipeline, pair, prompt, 0, cfg)
+        assert tokens == reference
+        # Round by round the same decisions as one-process SSD: the protocol hides nothing and adds nothing.
+        assert records(trace) == records(run(generate_ssd, pair, prompt, 0, cfg)[1])
+        if options["budget"] == 0:
+            assert trace.hit_rate == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(fan_out="uniform", budget=8, saguaro_c=1.0, backup="jit"),
+        dict(fan_out="geometric", budget=16, saguaro_c=0.5, backup="fast"),
+        dict(fan_out="calibrated", budget=4, saguaro_c=0.2, backup="jit"),
+    ],
+    ids=["uniform-jit", "geometric-saguaro-fast", "calibrated-saguaro-jit"],
+)
+def test_sampled_pipeline_yields_generate_ssd_tokens_for_the_same_seed(pair, options):
+    cfg = config(k=4, temperature=0.8, max_new_tokens=40, **options)
+    hits = []
+    for seed, prompt in itertools.product(range(3), PROMPTS):
+        tokens, trace, state = run(generate_ssd_pipeline, pair, prompt, seed, cfg)
+        expected, expected_trace, expected_state = run(generate_ssd, pair, prompt, seed, cfg)
+        assert tokens == expected
+        assert records(trace) == records(expected_trace)
+        assert torch.equal(state, expected_state)  # the caller's generator ends where generate_ssd leaves it
+        hits += [r.hit for r in trace.rounds]
+    assert 0 < sum(hits) < len(hits)  # hits and misses (backups) both exercised
+
+
+def test_max_new_tokens_one_and_a_short_last_round(pair):
+    for n in (1, 2, 6):
+        cfg = config(k=4, temperature=0.8, max_new_tokens=n, budget=4)
+        tokens, trace, _ = run(generate_ssd_pipeline, pair, [5, 6], 1, cfg)
+        expected, expected_trace, _ = run(generate_ssd, pair, [5, 6], 1, cfg)
+        assert (tokens, records(trace)) == (expected, records(expected_trace))
+        assert len(tokens) == n
+
+
+def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
+    _, trace, _ = run(generate_ssd_pipeline, pair, [5, 6, 7], 0, config(k=4, temperature=1.0, max_new_tokens=60,
+                                                                        budget=8))
+    frame = trace.to_frame()
+    assert trace.method == "ssd-pipeline" and (frame.method == "ssd-pipeline").all()
+    assert (frame.verify_s > 0).all() and (frame.prespec_s > 0).all() and (frame.wait_s > 0).all()
+    misses = frame[frame.backup.notna()]
+    assert len(misses) and (misses.draft_s > 0).all()
+    predicted = measured_theorem7(frame)
+    assert 0 < predicted["p_hit"] < 1 and predicted["t_p"] > 0 and predicted["tokens_per_verify"] > 0
+
+
+def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
+    cfg = config(k=3, max_new_tokens=8, budget=4)
+    pipeline = pipeline_for(pair, cfg)
+    get_method("ssd-pipeline")(pair, [1, 2], cfg, torch.Generator())
+    assert pipeline_for(pair, cfg) is pipeline and pipeline.process.is_alive()
+    assert pipeline.drafter["cores"] == [int(DRAFTER)] and pipeline.drafter["threads"] == 1
+    close_pipelines()
+    assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
+
+
+def test_bench_summary_of_the_pipeline_has_hit_rate_and_theorem_7(pair):
+    cfg = config(k=4, temperature=1.0, max_new_tokens=30, budget=8)
+    rows, frames = [], []
+    for method in ("ar", "ssd-pipeline"):
+        _, row, trace = run_one(method, pair, [3, 4, 5], cfg, seed=0)
+        rows.append({**row, "identical_to_target": None})
+        frames.append(trace.to_frame())
+    summary = {s["method"]: s for s in summarize(pd.DataFrame(rows), pd.concat(frames))}["ssd-pipeline"]
+    assert 0 < summary["hit_rate"] < 1 and summary["t_p"] > 0 and summary["speedup_vs_ar"] > 0
+    assert summary["predicted_speedup_vs_ar"] > 0
+
+
+def test_sd_1core_is_sd_on_one_thread_and_restores_the_thread_count(pair, monkeypatch):
+    seen = []
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return generate_sd(*args)
+
+    monkeypatch.setattr(ssd.methods, "generate_sd", spy)
+    torch.set_num_threads(2)
+    try:
+        tokens, trace = get_method("sd-1core")(pair, [1, 2, 3], DecodeConfig(max_new_tokens=20), torch.Generator())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert seen == [1] and trace.method == "sd-1core"
+    assert tokens == generate_sd(pair, [1, 2, 3], DecodeConfig(max_new_tokens=20), torch.Generator())[0]
+
+
+def test_cli_passes_the_cores_to_the_pipeline_config():
+    args = build_parser().parse_args(["bench", "--pair", "tiny", "--verifier-cores", "0-1", "--drafter-cores", "1"])
+    _, cfg = setup(args)
+    assert isinstance(cfg, PipelineConfig) and (cfg.verifier_cores, cfg.drafter_cores) == ("0-1", "1")
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["", "a", "1-", "-1", "3-1", "0,,1", "0.5"])
+def test_bad_cores_are_refused_naming_the_parameter(spec):
+    with pytest.raises(ValueError, match="drafter_cores must list CPU cores"):
+        PipelineConfig(drafter_cores=spec)
+    with pytest.raises(ValueError, match="verifier_cores must list CPU cores"):
+        parse_cores(spec, "verifier_cores")
+
+
+def test_cores_parse():
+    assert parse_cores("0", "c") == [0] and parse_cores(" 2-4, 0", "c") == [0, 2, 3, 4]
+
+
+def test_bad_pipeline_arguments_fail_before_a_drafter_starts(pair):
+    close_pipelines()
+    with pytest.raises(ValueError, match="drafter_cores='999' names cores \\[999\\] that this machine does not offer"):
+        Pipeline(pair, verifier_cores=VERIFIER, drafter_cores="999")
+    with pytest.raises(ValueError, match="verifier_cores must list CPU cores"):
+        Pipeline(pair, verifier_cores="x")
+    with pytest.raises(ValueError, match="draft_source 'no-such-pair' is not known"):
+        Pipeline(pair, verifier_cores=VERIFIER, drafter_cores=DRAFTER, draft_source="no-such-pair")
+    with pytest.raises(ValueError, match="draft_source is needed"):
+        Pipeline(Pair(pair.draft, pair.target, None, "anonymous"), verifier_cores=VERIFIER, drafter_cores=DRAFTER)
+    with pytest.raises(ValueError, match="timeout_s must be a number of seconds > 0"):
+        Pipeline(pair, timeout_s=0)
+    with pytest.raises(ValueError, match="config must be an SSDConfig"):
+        generate_ssd_pipeline(pair, [1], DecodeConfig(), torch.Generator())
+    with pytest.raises(ValueError, match="prompt_ids holds ids outside the vocabulary"):
+        generate_ssd_pipeline(pair, [99], config(), torch.Generator())
+    assert ssd.pipeline._cached is None and not ssd.pipeline._open  # none of it started a drafter
+
+
+def test_cli_refuses_bad_cores_and_an_unknown_pair(capsys):
+    assert main(["generate", "--prompt", "x", "--drafter-cores", "one"]) == 2
+    assert "drafter_cores must list CPU cores" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--method", "ssd-pipeline", "--pair", "nope"]) == 2
+    assert "pair 'nope' is not known" in capsys.readouterr().err
+
+
+# ---- faults: each ends both ranks within seconds, with the cause in the message -----------------------------------
+
+
+def sabotaged_pair(fault: str, after: int = 0) -> Pair:
+    """The tiny pair whose draft fails on its after-th forward (0: while loading): raises, exits or hangs."""
+    if after == 0:
+        act(fault)
+    pair = tiny_pair(**PAIR_ARGS)
+    forward, calls = pair.draft.forward, itertools.count(1)
+
+    def sabotaged(*args, **kwargs):
+        if next(calls) == after:
+            act(fault)
+        return forward(*args, **kwargs)
+
+    pair.draft.forward = sabotaged
+    return pair
+
+
+def act(fault: str) -> None:
+    if fault == "raise":
+        raise RuntimeError("the draft failed on purpose")
+    if fault == "exit":
+        os._exit(3)
+    if fault == "hang":
+        time.sleep(3600)
+
+
+def start(fault: str, after: int, **options) -> Pipeline:
+    close_pipelines()  # one process group per process: the shared pipeline makes way
+    source = functools.partial(sabotaged_pair, fault, after)
+    return Pipeline(tiny_pair(**PAIR_ARGS), verifier_cores=VERIFIER, drafter_cores=DRAFTER, draft_source=source,
+                    **options)
+
+
+def generate(pipeline, **options):
+    return pipeline.generate([1, 2, 3], SSDConfig(k=4, max_new_tokens=60, budget=8, temperature=1.0, **options),
+                             torch.Generator().manual_seed(0))
+
+
+def assert_ended(pipeline, started: float, within_s: float):
+    assert pipeline.closed and not pipeline.process.is_alive()
+    assert time.monotonic() - started < within_s
+
+
+def test_a_drafter_that_raises_while_loading_is_reported_with_its_traceback():
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match="(?s)exited with code 1.*RuntimeError: the draft failed on purpose"):
+        start("raise", 0)
+    assert not ssd.pipeline._open
+
+
+def test_a_drafter_that_raises_mid_generation_is_reported_with_its_traceback():
+    pipeline = start("raise", 25)
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match="(?s)exited with code 1.*in sabotaged.*the draft failed on purpose"):
+        generate(pipeline)
+    assert_ended(pipeline, started, 5)
+
+
+def test_a_drafter_that_exits_mid_generation_is_reported_with_its_exit_code():
+    pipeline = start("exit", 25)
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match="exited with code 3"):
+        generate(pipeline)
+    assert_ended(pipeline, started, 5)
+
+
+def test_a_drafter_that_hangs_mid_generation_times_out_and_is_stopped():
+    pipeline = start("hang", 25, timeout_s=1.0)
+    started = time.monotonic()
+    # The hang may come while pre-speculating (the outcome cannot be delivered) or in the backup (no next draft).
+    hang = "no reply within timeout_s=1 s while (sending the outcome|waiting for the draft)"
+    with pytest.raises(PipelineError, match=hang):
+        generate(pipeline)
+    assert_ended(pipeline, started, 5)
+    assert pipeline.process.exitcode == -signal.SIGKILL
+
+
+def test_a_drafter_that_hangs_while_loading_times_out():
+    close_pipelines()
+    started = time.monotonic()
+    # Starting the interpreter and loading the draft each get load_timeout_s; on a busy machine either may run out.
+    with pytest.raises(PipelineError, match="(did not start|no reply) within load_timeout_s=6 s"):
+        start("hang", 0, load_timeout_s=6)
+    assert time.monotonic() - started < 15 and not ssd.pipeline._open
+
+
+def test_ctrl_c_in_the_verifier_ends_both_ranks():
+    pipeline = start("hang", 25)
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # what a notebook's interrupt button does
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        generate(pipeline)
+    timer.join()
+    assert_ended(pipeline, started, 5)
+
+
+def state(pid: int) -> str | None:
+    """A process's state letter (Z: exited, not yet reaped), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_drafter_whose_verifier_is_killed_exits_by_itself():
+    close_pipelines()
+    script = ("from ssd.models import tiny_pair\nfrom ssd.pipeline import Pipeline\nimport time\n"
+              "if __name__ == '__main__':\n"
+              f"    p = Pipeline(tiny_pair(), verifier_cores='{VERIFIER}', drafter_cores='{DRAFTER}')\n"
+              "    print(p.process.pid, flush=True)\n    time.sleep(60)\n")
+    verifier = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        drafter = int(verifier.stdout.readline())
+        verifier.kill()
+        verifier.wait()
+        started = time.monotonic()
+        while state(drafter) not in (None, "Z") and time.monotonic() - started < 10:
+            time.sleep(0.1)
+        assert state(drafter) in (None, "Z")
+    finally:
+        verifier.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_ranks_serve_the_same_tokens(monkeypatch):
+    """Rank 1 as torchrun starts it (`python -m ssd.pipeline ARGS`), rank 0 here; the same env on both."""
+    close_pipelines()
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    drafter = subprocess.Popen([sys.executable, "-m", "ssd.pipeline", "generate", "--pair", "tiny", "--prompt", "x",
+                                "--drafter-cores", DRAFTER], env=os.environ | env)
+    try:
+        for key, value in (env | {"RANK": "0"}).items():
+            monkeypatch.setenv(key, value)
+        pair = load_pair("tiny")
+        cfg = SSDConfig(k=3, max_new_tokens=20, budget=4)
+        with Pipeline(pair, verifier_cores=VERIFIER, drafter_cores=DRAFTER, load_timeout_s=60) as pipeline:
+            assert pipeline.process is None and pipeline.drafter["pid"] == drafter.pid
+            tokens, _ = pipeline.generate([1, 2, 3], cfg, torch.Generator())
+        assert tokens == generate_ar(pair, [1, 2, 3], cfg, torch.Generator())[0]
+        assert drafter.wait(timeout=20) == 0  # told to stop when rank 0 closed
+    finally:
+        drafter.kill()
