@@ -258,24 +258,22 @@ def assert_ended(pipeline, started: float, within_s: float):
 
 
 def test_a_drafter_that_raises_while_loading_is_reported_with_its_traceback():
-    started = time.monotonic()
     with pytest.raises(PipelineError, match="(?s)exited with code 1.*RuntimeError: the draft failed on purpose"):
         start("raise", 0)
     assert not ssd.pipeline._open
 
 
-def test_a_drafter_that_raises_mid_generation_is_reported_with_its_traceback():
-    pipeline = start("raise", 25)
+@pytest.mark.parametrize(
+    "fault,match",
+    [
+        ("raise", "(?s)exited with code 1.*in sabotaged.*the draft failed on purpose"),  # its traceback is quoted
+        ("exit", "exited with code 3"),
+    ],
+)
+def test_a_drafter_that_fails_mid_generation_is_reported(fault, match):
+    pipeline = start(fault, 25)
     started = time.monotonic()
-    with pytest.raises(PipelineError, match="(?s)exited with code 1.*in sabotaged.*the draft failed on purpose"):
-        generate(pipeline)
-    assert_ended(pipeline, started, 5)
-
-
-def test_a_drafter_that_exits_mid_generation_is_reported_with_its_exit_code():
-    pipeline = start("exit", 25)
-    started = time.monotonic()
-    with pytest.raises(PipelineError, match="exited with code 3"):
+    with pytest.raises(PipelineError, match=match):
         generate(pipeline)
     assert_ended(pipeline, started, 5)
 
