@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench lab clean
+.PHONY: install run test clean
 
 install: $(STAMP)
 
