@@ -53,7 +53,7 @@ import torch.multiprocessing as mp
 from .decoding import Verifier, check_prompt
 from .models import check_pair_name, load_draft
 from .sampling import one_hot, uniforms
-from .ssd import SSDConfig, Speculator, round_uniforms, truncate
+from .ssd import SSDConfig, Speculator, check_ssd_config, round_uniforms, truncate
 from .trace import PipelineRound, Trace
 
 POLL_S = 0.05  # how often a waiting rank looks at its peer's health and the clock
@@ -77,8 +77,12 @@ class PipelineConfig(SSDConfig):
         super().__post_init__()
         parse_cores(self.verifier_cores, "verifier_cores")
         parse_cores(self.drafter_cores, "drafter_cores")
-        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        check_seconds(self.timeout_s, "timeout_s")
+
+
+def check_seconds(value, name: str) -> None:
+    if not (isinstance(value, (int, float)) and value > 0):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 # ---- cores ---------------------------------------------------------------------------------------------------------
@@ -357,9 +361,8 @@ class Pipeline:
 
     def __init__(self, pair, *, verifier_cores="0", drafter_cores="1", timeout_s: float = 120.0,
                  load_timeout_s: float = 600.0, draft_source=None, draft_device=None):
-        for name, value in (("timeout_s", timeout_s), ("load_timeout_s", load_timeout_s)):
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        check_seconds(timeout_s, "timeout_s")
+        check_seconds(load_timeout_s, "load_timeout_s")
         rank = env_rank()
         self.pair, self.timeout_s = pair, float(timeout_s)
         self.verifier_cores = check_cores(verifier_cores, "verifier_cores")
@@ -430,9 +433,7 @@ class Pipeline:
 
     def generate(self, prompt_ids, config: SSDConfig, generator: torch.Generator):
         """SSD over the two ranks: generate_ssd's tokens for the same generator. Returns (new tokens, trace)."""
-        if not isinstance(config, SSDConfig):
-            raise ValueError(f"config must be an SSDConfig (or PipelineConfig) for ssd-pipeline, got "
-                             f"{type(config).__name__}")
+        check_ssd_config(config, "ssd-pipeline")
         if self.closed:
             raise PipelineError("this Pipeline is closed; open a new one")
         prompt_ids = check_prompt(self.pair, prompt_ids, config)
@@ -564,9 +565,7 @@ def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.
     after a fault, or with close_pipelines(). A PipelineConfig sets its cores and timeout; an SSDConfig uses the
     defaults (verifier on core 0, drafter on core 1).
     """
-    if not isinstance(config, SSDConfig):
-        raise ValueError(f"config must be an SSDConfig (or PipelineConfig) for ssd-pipeline, got "
-                         f"{type(config).__name__}")
+    check_ssd_config(config, "ssd-pipeline")
     check_prompt(pair, prompt_ids, config)  # bad input fails before a drafter starts
     return pipeline_for(pair, config).generate(prompt_ids, config, generator)
 

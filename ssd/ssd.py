@@ -55,6 +55,12 @@ class SSDConfig(DecodeConfig):
             raise ValueError(f"ngram must be an integer >= 1, got {self.ngram!r}")
 
 
+def check_ssd_config(config, method: str = "ssd") -> None:
+    """The SSD methods need the SSD fields (budget, fan-out, C, backup); a plain DecodeConfig lacks them."""
+    if not isinstance(config, SSDConfig):
+        raise ValueError(f"config must be an SSDConfig for {method}, got {type(config).__name__}")
+
+
 # ---- drafting ------------------------------------------------------------------------------------------------------
 
 
@@ -236,8 +242,7 @@ def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[
 
 def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator):
     """SSD in one process. Lossless: every round is verified exactly as in SD, against the q it was drawn from."""
-    if not isinstance(config, SSDConfig):
-        raise ValueError(f"config must be an SSDConfig for ssd, got {type(config).__name__}")
+    check_ssd_config(config)
     prompt_ids = check_prompt(pair, prompt_ids, config)
     speculator = Speculator(pair.draft, prompt_ids, config, pair.vocab_size)
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
