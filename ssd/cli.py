@@ -1,4 +1,4 @@
-"""Command line: python -m ssd generate | bench | models."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | models."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from . import bench, experiments
+from . import bench, course, experiments, sweep
 from .files import write_csv, write_json
 from .methods import METHODS, get_method, parse_methods
 from .models import DEFAULT_PAIR, PAIRS, cache_dir, load_pair
@@ -60,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--budgets", default="0,1,2,4,8,16,32", help="comma-separated budgets; the run uses the largest")
     h.add_argument("--strategies", default=",".join(STRATEGIES), help="fan-out strategies to evaluate")
     h.add_argument("--out", default="data/hit_rates", help="writes OUT_rounds.csv and OUT.csv (default data/hit_rates)")
+
+    co = sub.add_parser("course", help="execute every numbered notebook at its defaults with papermill")
+    co.add_argument("--notebooks", default="notebooks", help="folder of the numbered notebooks (default notebooks)")
+    co.add_argument("--out", default="runs/course", help="where the executed copies go (default runs/course)")
+    co.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 00,01 (default: all)")
+
+    sw = sub.add_parser("sweep", help="run a notebook over a YAML parameter grid with papermill; resumable")
+    sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.sweep)")
+    sw.add_argument("--jobs", type=int, default=1, help="points run at once, each in its own process (default 1)")
+    sw.add_argument("--dry-run", action="store_true", help="list the points, marking those done; run nothing")
+    sw.add_argument("--data-dir", default="data", help="results go to DATA_DIR/NAME.csv (default data)")
+    sw.add_argument("--runs-dir", default="runs", help="executed notebooks go to RUNS_DIR/NAME/ (default runs)")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
     return parser
@@ -126,6 +138,28 @@ def cmd_hit_rates(args) -> None:
           f"wrote {args.out}.csv and {args.out}_rounds.csv", file=sys.stderr)
 
 
+def cmd_course(args) -> int:
+    only = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else None
+    seconds = course.run_course(args.notebooks, args.out, only)
+    print("\n".join(f"{name:32s} {s:6.0f} s" for name, s in seconds.items()))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    grid = sweep.load_grid(args.grid)
+    try:
+        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=args.data_dir, runs_dir=args.runs_dir,
+                                 dry_run=args.dry_run)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the children are stopped, the points done are kept
+        print("sweep interrupted; the points finished so far are recorded, a rerun runs the rest", file=sys.stderr)
+        return 130
+    if failed:
+        print(f"error: {len(failed)} point(s) failed and were not recorded (a rerun retries them): "
+              f"{', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_models(args) -> None:
     for name in PAIRS:
         print(f"{name}{' (default)' if name == DEFAULT_PAIR else ''}")
@@ -136,9 +170,9 @@ def cmd_models(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "models": cmd_models}
-        commands[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "sweep": cmd_sweep,
+                    "course": cmd_course, "models": cmd_models}
+        return commands[args.command](args) or 0
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0

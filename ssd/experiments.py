@@ -1,11 +1,14 @@
 """Experiments that return tidy DataFrames: one row per round, per (prompt, setting), or per aggregate."""
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
+from .methods import get_method
 from .prompts import encode
 from .ssd import SSDConfig, counterfactual_hits, generate_ssd
 
@@ -39,4 +42,65 @@ def mean_ci(frame: pd.DataFrame, by, value: str, level: float = 0.95) -> pd.Data
         half = stats.t.ppf((1 + level) / 2, n - 1) * g[value].std(ddof=1) / n**0.5 if n > 1 else float("nan")
         return pd.Series({"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n})
 
-    return frame.groupby(by, sort=False)[[value]].apply(one).reset_index()
+    # dropna=False: a NaN key is a setting too (uniform's assumed_a_p, say), not a row to lose.
+    return frame.groupby(by, sort=False, dropna=False)[[value]].apply(one).reset_index()
+
+
+# ---- per-prompt runs of any method (notebooks 00, 01, 04, 05) ----------------------------------------------------
+
+
+def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = True):
+    """Run one method on every prompt (prompt i uses seed + i).
+
+    Returns (runs, rounds, tokens): one row per prompt with the trace's summary figures, one row per round, and the
+    new tokens by prompt id.
+    """
+    run = get_method(method)
+    runs, rounds, tokens = [], [], {}
+    for i, prompt in enumerate(tqdm(prompts, desc=method, disable=not progress)):
+        new, trace = run(pair, encode(pair.tokenizer, prompt), config, torch.Generator().manual_seed(seed + i))
+        tokens[prompt.id] = new
+        runs.append({"prompt_id": prompt.id, "method": method, "new_tokens": len(new), "rounds": len(trace.rounds),
+                     "acceptance_rate": trace.acceptance_rate, "mean_accepted": trace.mean_accepted,
+                     "tokens_per_round": trace.tokens_per_round, "hit_rate": trace.hit_rate, "wall_s": trace.wall_s,
+                     "tokens_per_s": len(new) / trace.wall_s if trace.wall_s else None})
+        if trace.rounds:
+            rounds.append(trace.to_frame().assign(prompt_id=prompt.id))
+    return pd.DataFrame(runs), pd.concat(rounds, ignore_index=True) if rounds else pd.DataFrame(), tokens
+
+
+def sweep_field(pair, prompts, method: str, config, field: str, values, seed: int = 0, progress: bool = True):
+    """decode() once per value of one config field (K, temperature, Saguaro's C, ...).
+
+    Returns (runs, rounds, tokens): the frames with a column named after the field, and tokens[value][prompt_id].
+    """
+    runs, rounds, tokens = [], [], {}
+    for value in values:
+        r, rr, tokens[value] = decode(pair, prompts, method, dataclasses.replace(config, **{field: value}), seed,
+                                      progress)
+        runs.append(r.assign(**{field: value}))
+        rounds.append(rr.assign(**{field: value}))
+    return pd.concat(runs, ignore_index=True), pd.concat(rounds, ignore_index=True), tokens
+
+
+# ---- fan-out analyses on recorded SSD rounds (notebooks 02, 03) --------------------------------------------------
+
+
+def fitted_a_p(rounds: pd.DataFrame) -> float:
+    """a_p by the truncated-geometric maximum likelihood: accepted / tested, where a round that rejects tested one
+    token more than it accepted (accepted / drafted is biased low: untested tokens after a rejection count)."""
+    tested = rounds.accepted + (rounds.accepted < rounds.draft_len)
+    return float(rounds.accepted.sum() / tested.sum())
+
+
+def ap_sensitivity(rounds: pd.DataFrame, budget: int, k: int, a_ps, r: float) -> pd.DataFrame:
+    """Counterfactual hit rate per (prompt, assumed a_p) of the geometric fan-out at one budget, plus uniform's rows
+    (assumed_a_p NaN): what believing the wrong acceptance rate costs."""
+    rows = []
+    for prompt_id, frame in rounds.groupby("prompt_id", sort=False):
+        for a_p in a_ps:
+            hits = counterfactual_hits(frame, [budget], k, "geometric", a_p=a_p, r=r)
+            rows.append({"prompt_id": prompt_id, "strategy": "geometric", "assumed_a_p": a_p, "hit_rate": hits.hit.mean()})
+        hits = counterfactual_hits(frame, [budget], k, "uniform")
+        rows.append({"prompt_id": prompt_id, "strategy": "uniform", "assumed_a_p": float("nan"), "hit_rate": hits.hit.mean()})
+    return pd.DataFrame(rows)

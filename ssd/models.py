@@ -45,7 +45,7 @@ class ModelPartError(RuntimeError):
 class Pair:
     draft: transformers.PreTrainedModel
     target: transformers.PreTrainedModel
-    tokenizer: transformers.PreTrainedTokenizerBase | None  # None only for tiny random pairs
+    tokenizer: transformers.PreTrainedTokenizerBase | ToyTokenizer
     name: str
     eos_token_ids: tuple[int, ...] = ()
     # What builds this pair again in another process (ssd.pipeline's drafter rank loads its own draft): a name for
@@ -434,6 +434,22 @@ def _random_weights(model, generator, init_std, logit_scale) -> dict[str, torch.
     return weights
 
 
+class ToyTokenizer:
+    """A tiny pair's stand-in tokenizer: one id per character (code point mod V), shown back as <id>. It lets every
+    notebook and prompt set run on a tiny pair in seconds; the text it makes means nothing."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) % self.vocab_size for c in text][-64:]}  # the tail: tiny models have short contexts
+
+    def decode(self, ids, **_) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+
 def tiny_pair(*, vocab_size=16, agreement_noise=0.3, seed=0, hidden_size=32, num_layers=2, max_context=256,
               logit_scale=2.5, init_std=0.1) -> Pair:
     """Two tiny random Qwen2 models on one vocabulary, float32, CPU, deterministic for a seed.
@@ -462,4 +478,4 @@ def tiny_pair(*, vocab_size=16, agreement_noise=0.3, seed=0, hidden_size=32, num
     source = functools.partial(tiny_pair, vocab_size=vocab_size, agreement_noise=agreement_noise, seed=seed,
                                hidden_size=hidden_size, num_layers=num_layers, max_context=max_context,
                                logit_scale=logit_scale, init_std=init_std)
-    return Pair(_ready(draft, "cpu"), _ready(target, "cpu"), None, TINY_PAIR, (), source)
+    return Pair(_ready(draft, "cpu"), _ready(target, "cpu"), ToyTokenizer(vocab_size), TINY_PAIR, (), source)

@@ -7,7 +7,7 @@ import torch
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.models import tiny_pair
 
-from .stats import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from ssd.models import tiny_pair
 from ssd.sampling import uniforms
 from ssd.ssd import SSDConfig, counterfactual_hits, draft_tree, generate_ssd, ngram_proposal
 
-from .stats import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import ssd.verify
 from ssd.sampling import one_hot, probs_from_logits, residual, sample_from_uniform, uniforms
 from ssd.verify import verify
 
-from .stats import ALPHA, chi_square_p
+from ssd.lossless import ALPHA, chi_square_p
 
 
 def dist(*values):

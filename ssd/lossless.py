@@ -1,0 +1,97 @@
+"""Checking that a decoding method is lossless: greedy token identity, and at temperature > 0 a chi-square test of
+its outputs against the target's exact distribution (brute force over a tiny vocabulary).
+
+The tests and notebook 01 share these functions, so what the notebook shows is what CI checks.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import chisquare
+from tqdm.auto import tqdm
+
+from .methods import get_method
+from .prompts import encode
+
+# A check fails when its p-value falls below this: with a handful of fixed-seed checks the chance of a false alarm is
+# negligible, while a wrong residual or an off-by-one in acceptance moves p-values to ~1e-50 (see tests/test_verify.py).
+ALPHA = 1e-4
+
+
+def chi_square_p(observed_counts, expected_probs, min_expected: float = 5.0) -> float:
+    """p-value of Pearson's chi-square test; cells expected below min_expected are pooled into one."""
+    observed = np.asarray(observed_counts, dtype=float)
+    expected = np.asarray(expected_probs, dtype=float)
+    expected = expected / expected.sum() * observed.sum()
+    if observed[expected == 0].any():
+        return 0.0  # a token the target never emits was emitted: no statistics needed
+    small = expected < min_expected
+    if small.any():
+        observed = np.append(observed[~small], observed[small].sum())
+        expected = np.append(expected[~small], expected[small].sum())
+        if expected[-1] == 0:
+            observed, expected = observed[:-1], expected[:-1]
+    return float(chisquare(observed, expected).pvalue)
+
+
+def exact_target_distribution(pair, prompt, n_new, temperature):
+    """P(x_1..x_n | prompt) under the target for every one of V^n continuations, by brute force (tiny V only)."""
+    V = pair.vocab_size
+    if V**n_new > 100_000:
+        raise ValueError(f"vocab_size ** n_new must be at most 100000 to enumerate; got {V}**{n_new}")
+    continuations = torch.tensor(list(itertools.product(range(V), repeat=n_new)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], dim=1)
+    with torch.inference_mode():
+        logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, continuations[..., None]).squeeze(-1)
+    return logp.sum(-1).exp()
+
+
+def sequence_index(tokens, vocab_size) -> int:
+    """The index of a continuation in exact_target_distribution's order."""
+    index = 0
+    for t in tokens:
+        index = index * vocab_size + t
+    return index
+
+
+def greedy_identical(pair, prompts, methods, config, reference: str = "ar", progress: bool = True) -> pd.DataFrame:
+    """One row per (prompt, method): does the method's greedy output equal the reference's (the target alone)?"""
+    if config.temperature != 0:
+        raise ValueError(f"temperature must be 0 for a token-identity check; got {config.temperature}")
+    rows = []
+    for prompt in tqdm(prompts, desc="lossless", disable=not progress):
+        ids = encode(pair.tokenizer, prompt)
+        target, _ = get_method(reference)(pair, ids, config, torch.Generator().manual_seed(0))
+        for method in methods:
+            tokens, _ = get_method(method)(pair, ids, config, torch.Generator().manual_seed(0))
+            first_diff = next((i for i, (a, b) in enumerate(zip(tokens, target)) if a != b), None)
+            rows.append({"prompt_id": prompt.id, "method": method, "new_tokens": len(tokens),
+                         "identical": tokens == target, "first_difference": first_diff})
+    return pd.DataFrame(rows)
+
+
+def distribution_check(pair, prompt_ids, method: str, config, samples: int = 2000, progress: bool = True) -> dict:
+    """Sample `samples` outputs of config.max_new_tokens tokens (seed = sample index) and test them against the
+    target's exact distribution. Returns the p-value, the acceptance rate seen, and observed vs expected counts per
+    continuation (`sequence` is its index in exact_target_distribution's order), likeliest first."""
+    if config.temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for a distribution check; got {config.temperature}")
+    expected = exact_target_distribution(pair, prompt_ids, config.max_new_tokens, config.temperature)
+    counts = torch.zeros(len(expected))
+    accepted = drafted = 0
+    run = get_method(method)
+    for seed in tqdm(range(samples), desc=f"{method} samples", disable=not progress):
+        tokens, trace = run(pair, prompt_ids, config, torch.Generator().manual_seed(seed))
+        counts[sequence_index(tokens, pair.vocab_size)] += 1
+        accepted += sum(r.accepted for r in trace.rounds)
+        drafted += trace.drafted
+    table = pd.DataFrame({"sequence": range(len(counts)), "observed": counts.numpy(),
+                          "expected": expected.numpy() * samples})
+    return {"method": method, "samples": samples, "p_value": chi_square_p(counts, expected),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "table": table.sort_values("expected", ascending=False, ignore_index=True)}
+

@@ -1,0 +1,483 @@
+"""Figures drawn from the tidy DataFrames of `ssd.experiments`; every function returns a matplotlib Figure.
+
+Error bars are 95% Student-t confidence intervals over prompts (`ssd.experiments.mean_ci`), never seaborn's
+bootstrap, so a figure is a deterministic function of its frame. Where a frame holds several rows per prompt and
+setting (seeds, rounds), they are averaged per prompt first: the sample is the prompts. A group of one prompt has no
+interval; it is drawn without an error bar.
+
+The style (seaborn "whitegrid", one palette) is applied while a figure is built, without touching the global
+rcParams. `save` writes a PNG atomically; `coloured_tokens` renders a generated text coloured by each token's role.
+"""
+from __future__ import annotations
+
+import html
+import math
+import os
+from contextlib import contextmanager
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from .experiments import mean_ci
+from .files import atomic_path
+from .outcomes import Calibrator, fit_power_law, miss_rates, outcome_probabilities
+from .theory import expected_tokens
+
+PALETTE = "colorblind"
+FIGSIZE = (7.0, 4.5)
+DPI = 120
+LEVEL = 0.95
+CI_LABEL = "mean ± 95% CI over prompts"
+
+# Token roles and their colours (backgrounds, light enough to read black text on).
+ROLES = ("accepted", "recovered", "bonus", "target")
+ROLE_COLOURS = {"accepted": "#b7e4b0", "recovered": "#ffcc80", "bonus": "#a8d1f5", "target": None}
+ROLE_HELP = {
+    "accepted": "drafted token the target accepted",
+    "recovered": "target token from the residual at the first rejection",
+    "bonus": "target token after all K drafted tokens were accepted",
+    "target": "token of a round that drafted nothing (autoregressive)",
+}
+
+
+# --- style and shared helpers ---------------------------------------------------------------------------------------
+
+def style() -> dict:
+    """The rcParams every figure here is built under: seaborn whitegrid, notebook context, one palette."""
+    from cycler import cycler
+
+    return {
+        **sns.axes_style("whitegrid"),
+        **sns.plotting_context("notebook"),
+        "axes.prop_cycle": cycler(color=sns.color_palette(PALETTE)),
+        "figure.figsize": FIGSIZE,
+    }
+
+
+@contextmanager
+def _styled():
+    with plt.rc_context(style()):
+        yield
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float, np.number)) else str(value)
+
+
+def colours(n: int) -> list:
+    return sns.color_palette(PALETTE, max(n, 1))
+
+
+def _check(frame: pd.DataFrame, columns, name: str, allow_empty: bool = False) -> pd.DataFrame:
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"{name} needs a pandas DataFrame, got {type(frame).__name__}")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} needs columns {list(columns)}; missing {missing} (has {list(frame.columns)})")
+    if frame.empty and not allow_empty:
+        raise ValueError(f"{name} got an empty frame")
+    return frame
+
+
+def _order(values) -> list:
+    """Distinct values in order of first appearance (categories first for an ordered categorical)."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        present = set(values)
+        return [c for c in values.cat.categories if c in present]
+    return list(pd.unique(pd.Series(values).dropna()))
+
+
+def summarise(frame: pd.DataFrame, by, value: str) -> pd.DataFrame:
+    """One mean per (by..., prompt), then mean ± CI over prompts per `by` group, with error-bar half-widths.
+
+    Columns: by..., mean, ci_low, ci_high, n, err_low, err_high (0 where one prompt gives no interval).
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    frame = frame.assign(**{value: frame[value].astype(float)})  # None (e.g. AR's acceptance rate) -> NaN
+    per_prompt = frame.groupby([*by, "prompt_id"], sort=False, observed=True)[value].mean().reset_index()
+    per_prompt = per_prompt[per_prompt[value].notna()]  # a prompt with no value is no sample
+    if per_prompt.empty:
+        raise ValueError(f"no {value} values to average (every row is None/NaN)")
+    out = mean_ci(per_prompt, by, value, level=LEVEL)
+    out["err_low"] = (out["mean"] - out["ci_low"]).fillna(0.0)
+    out["err_high"] = (out["ci_high"] - out["mean"]).fillna(0.0)
+    return out
+
+
+def _dodge(ax, x, i: int, n: int, share: float = 0.08):
+    """x of series i of n shifted sideways so error bars at one x do not overlap, on the axis's scale (linear, log,
+    symlog: set the scale first). The shift is a small share of the smallest gap between x values; the data stay in
+    data coordinates, so autoscaling still sees them."""
+    x = np.asarray(x, dtype=float)
+    if n <= 1 or len(x) == 0:
+        return x
+    scale = ax.xaxis.get_transform()
+    scaled = scale.transform(x.reshape(-1, 1)).ravel()
+    distinct = np.unique(scaled)
+    gap = np.diff(distinct).min() if len(distinct) > 1 else 1.0
+    shifted = scaled + (i - (n - 1) / 2) * share * gap
+    return scale.inverted().transform(shifted.reshape(-1, 1)).ravel()
+
+
+def _errorbar(ax, x, s: pd.DataFrame, *, label: str, colour, fmt="o-", **kw):
+    yerr = np.vstack([s["err_low"].to_numpy(float), s["err_high"].to_numpy(float)])
+    return ax.errorbar(np.asarray(x, dtype=float), s["mean"].to_numpy(float), yerr=yerr, fmt=fmt, capsize=4,
+                       color=colour, label=label, **kw)
+
+
+def save(fig, path) -> str:
+    """Write `fig` as a PNG (dpi 120, tight box) atomically, creating the folder; returns the path."""
+    path = os.fspath(path)
+    if os.path.splitext(path)[1].lower() != ".png":
+        raise ValueError(f"path must end in .png (save writes a PNG), got {path!r}")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+    return path
+
+
+# --- SD: acceptance and tokens per round ----------------------------------------------------------------------------
+
+def acceptance_vs_k(frame: pd.DataFrame):
+    """Acceptance rate a against draft length K; columns k, prompt_id, acceptance_rate, optional temperature (hue)."""
+    _check(frame, ["k", "prompt_id", "acceptance_rate"], "acceptance_vs_k")
+    hue = "temperature" if "temperature" in frame.columns else None
+    groups = [(None, frame)] if hue is None else [(t, frame[frame[hue] == t]) for t in sorted(_order(frame[hue]))]
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(len(groups))
+        for i, (t, g) in enumerate(groups):
+            s = summarise(g, "k", "acceptance_rate").sort_values("k")
+            label = CI_LABEL if hue is None else _fmt(t)
+            _errorbar(ax, _dodge(ax, s["k"], i, len(groups)), s, label=label, colour=pal[i])
+        ax.set_xticks(sorted(_order(frame["k"])))
+        ax.set(xlabel="draft length K", ylabel="acceptance rate a", ylim=(0, 1.05),
+               title="Acceptance rate a vs draft length K")
+        ax.legend(title="temperature" if hue else None)
+    return fig
+
+
+def tokens_per_round(frame: pd.DataFrame, a_by: str = "k"):
+    """Measured tokens per round against K, with the theory E = (1 - a^(K+1)) / (1 - a).
+
+    Columns k, prompt_id, tokens_per_round, acceptance_rate. a is the mean acceptance rate over prompts at each K
+    (a_by="k") or over every row (a_by="overall"). The theory assumes each drafted token is accepted independently
+    with probability a; the drafted-token acceptance rate is biased low for that (tokens after a rejection are never
+    tested) and rounds cut by EOS or max_new_tokens add fewer tokens, so measured and theory need not coincide.
+    """
+    _check(frame, ["k", "prompt_id", "tokens_per_round", "acceptance_rate"], "tokens_per_round")
+    if a_by not in ("k", "overall"):
+        raise ValueError(f"a_by must be 'k' (a per K) or 'overall' (one a for all K), got {a_by!r}")
+    measured = summarise(frame, "k", "tokens_per_round").sort_values("k")
+    a = summarise(frame, "k", "acceptance_rate").set_index("k")["mean"]
+    ks = measured["k"].to_numpy()
+    if a_by == "overall":
+        per_prompt = frame["acceptance_rate"].astype(float).groupby(frame["prompt_id"], sort=False).mean()
+        a_all = float(per_prompt.mean())
+        theory = [expected_tokens(a_all, int(k)) for k in ks]
+        theory_label = f"theory (1 − a^(K+1)) / (1 − a), a = {a_all:.2f}"
+    else:
+        theory = [expected_tokens(float(a[k]), int(k)) for k in ks]
+        theory_label = "theory (1 − a^(K+1)) / (1 − a), a measured at each K"
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(2)
+        _errorbar(ax, ks, measured, label=f"measured, {CI_LABEL}", colour=pal[0])
+        ax.plot(ks, theory, "s--", color=pal[1], label=theory_label)
+        ax.set_xticks(ks)
+        ax.set(xlabel="draft length K", ylabel="tokens per round", ylim=(0, None),
+               title="Tokens per round vs draft length K")
+        ax.legend()
+    return fig
+
+
+def accepted_histogram(rounds: pd.DataFrame, k: int | None = None):
+    """Fraction of rounds with each accepted count k, among rounds that drafted K tokens (K = max draft_len).
+
+    Overlaid: the truncated geometric P(k) = a^k (1 - a) for k < K, a^K for k = K, with a the maximum-likelihood
+    per-token acceptance rate of those rounds, accepted / tested (as `ssd.outcomes.Calibrator` estimates a_p: a
+    round tests k + 1 drafted tokens when one is rejected and K when all are accepted).
+    """
+    _check(rounds, ["accepted", "draft_len"], "accepted_histogram")
+    big_k = int(rounds["draft_len"].max()) if k is None else int(k)
+    if big_k <= 0:
+        raise ValueError(f"accepted_histogram needs rounds that drafted tokens (K >= 1); got K = {big_k}")
+    sub = rounds[rounds["draft_len"] == big_k]
+    if sub.empty:
+        seen = sorted(_order(rounds["draft_len"]))
+        raise ValueError(f"no round drafted K = {big_k} tokens (draft_len values: {seen})")
+    calibrator = Calibrator(prior_weight=0.0)
+    for accepted in sub["accepted"]:
+        calibrator.update(int(accepted), big_k, None)
+    a = calibrator.a_p
+    kk = np.arange(big_k + 1)
+    fraction = sub["accepted"].astype(int).value_counts(normalize=True).reindex(kk, fill_value=0.0).to_numpy()
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(2)
+        ax.bar(kk, fraction, color=pal[0], alpha=0.85, label=f"measured ({len(sub)} rounds, mean k = "
+                                                              f"{sub['accepted'].mean():.2f})")
+        ax.plot(kk, outcome_probabilities(big_k, a), "o--", color=pal[1],
+                label=f"truncated geometric, a = {a:.2f} (accepted / tested)")
+        ax.set_xticks(kk)
+        ax.set(xlabel="accepted count k", ylabel="fraction of rounds", ylim=(0, 1.05),
+               title=f"Accepted count k per round (K = {big_k})")
+        ax.legend()
+    return fig
+
+
+# --- SSD: hit rate, miss-rate power law, a_p, Saguaro, wall clock ---------------------------------------------------
+
+def hit_rate_vs_budget(frame: pd.DataFrame):
+    """Hit rate against budget B (symlog base 2, B = 0 included), one series per strategy.
+
+    Columns prompt_id, strategy, budget, hit_rate: what `ssd.experiments.hit_rate_curves` returns.
+    """
+    _check(frame, ["prompt_id", "strategy", "budget", "hit_rate"], "hit_rate_vs_budget")
+    strategies = _order(frame["strategy"])
+    budgets = sorted(_order(frame["budget"]))
+    with _styled():
+        fig, ax = plt.subplots()
+        ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
+        pal = colours(len(strategies))
+        for i, strategy in enumerate(strategies):
+            s = summarise(frame[frame["strategy"] == strategy], "budget", "hit_rate").sort_values("budget")
+            _errorbar(ax, _dodge(ax, s["budget"], i, len(strategies)), s, label=str(strategy), colour=pal[i])
+        ax.set_xticks(budgets)
+        ax.set_xticklabels([_fmt(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set(xlabel="budget B (cached outcomes)", ylabel="hit rate", ylim=(0, 1.05),
+               title="Hit rate vs budget B")
+        ax.legend(title=f"fan-out ({CI_LABEL})")
+    return fig
+
+
+def _clean_ranks(ranks) -> np.ndarray:
+    kept = []
+    for r in ranks:
+        if r is None:
+            continue
+        r = float(r)
+        if math.isnan(r):
+            continue
+        kept.append(int(r))
+    return np.asarray(kept, dtype=int)
+
+
+def power_law(ranks, max_f: int = 32) -> tuple[float, float] | None:
+    """(c, r) of miss(F) ~ c F^(-r): r from `ssd.outcomes.fit_power_law`, c its least-squares intercept.
+
+    Over the same F (1..max_f, miss rate > 0) as the fit; None where the fit has too few points.
+    """
+    ranks = _clean_ranks(ranks)
+    r = fit_power_law(ranks, max_f) if len(ranks) else None
+    if r is None:
+        return None
+    f, miss = miss_rates(ranks, max_f)
+    keep = miss > 0
+    c = float(np.exp(np.mean(np.log(miss[keep]) + r * np.log(f[keep]))))
+    return c, r
+
+
+def miss_rate_fit(ranks, max_f: int = 32):
+    """Empirical miss rate P(rank of t* > F) against fan-out F on log-log, with the fitted power law c F^(-r).
+
+    ranks: the 1-based rank of each round's t* among the candidates at its position; None/NaN (not ranked) dropped.
+    """
+    if not (isinstance(max_f, int) and max_f >= 2):
+        raise ValueError(f"max_f (largest fan-out F) must be an integer >= 2, got {max_f!r}")
+    clean = _clean_ranks(ranks)
+    if len(clean) == 0:
+        raise ValueError("miss_rate_fit needs at least one rank (every rank was None/NaN or none were given)")
+    if clean.min() < 1:
+        raise ValueError(f"ranks are 1-based; got a rank of {clean.min()}")
+    f, miss = miss_rates(clean, max_f)
+    fit = power_law(clean, max_f)
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(2)
+        pos = miss > 0
+        ax.plot(f[pos], miss[pos], "o", color=pal[0], label=f"measured ({len(clean)} ranked rounds)")
+        if fit is not None:
+            c, r = fit
+            ax.plot(f, c * f.astype(float) ** (-r), "-", color=pal[1], label=f"fit: {c:.2f} · F^(−r), r = {r:.2f}")
+        else:
+            ax.plot([], [], " ", label="too few misses to fit r")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(xlabel="fan-out F", ylabel="miss rate P(rank of t* > F)", title="Miss rate vs fan-out F")
+        ax.legend()
+    return fig
+
+
+def ap_sensitivity(frame: pd.DataFrame, fitted_a_p: float | None = None):
+    """Hit rate against the a_p the geometric fan-out assumes; columns assumed_a_p, prompt_id, hit_rate, optional
+    strategy (hue). Rows with strategy == "uniform" (which assumes nothing) become a dashed reference line with its
+    CI band; fitted_a_p, if given, a vertical line."""
+    _check(frame, ["assumed_a_p", "prompt_id", "hit_rate"], "ap_sensitivity")
+    has_strategy = "strategy" in frame.columns
+    uniform = frame[frame["strategy"] == "uniform"] if has_strategy else frame.iloc[:0]
+    rest = frame[frame["strategy"] != "uniform"] if has_strategy else frame
+    rest = rest[rest["assumed_a_p"].notna()]
+    groups = [(s, rest[rest["strategy"] == s]) for s in _order(rest["strategy"])] if has_strategy else [(None, rest)]
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(len(groups) + 2)
+        for i, (strategy, g) in enumerate(groups):
+            s = summarise(g, "assumed_a_p", "hit_rate").sort_values("assumed_a_p")
+            label = CI_LABEL if strategy is None else str(strategy)
+            _errorbar(ax, _dodge(ax, s["assumed_a_p"], i, len(groups)), s, label=label, colour=pal[i])
+        if not uniform.empty:
+            u = summarise(uniform.assign(_all=0), "_all", "hit_rate").iloc[0]
+            grey = "0.35"
+            ax.axhline(u["mean"], ls="--", color=grey, label=f"uniform ({u['mean']:.2f})")
+            if u["n"] > 1:
+                ax.axhspan(u["ci_low"], u["ci_high"], color=grey, alpha=0.12, lw=0)
+        if fitted_a_p is not None:
+            ax.axvline(fitted_a_p, ls=":", color=pal[len(groups)], label=f"fitted a_p = {fitted_a_p:.2f}")
+        ax.set(xlabel="assumed a_p (geometric fan-out)", ylabel="hit rate", ylim=(0, 1.05),
+               title="Hit rate vs the a_p the fan-out assumes")
+        ax.legend(title="fan-out" if has_strategy else None)
+    return fig
+
+
+def pareto_front(x, y) -> list[int]:
+    """Indices of the points not dominated in both coordinates (higher is better), sorted by x."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    front = [i for i in range(len(x))
+             if not np.any((x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i])))]
+    return sorted(front, key=lambda i: (x[i], -y[i]))
+
+
+def saguaro_pareto(frame: pd.DataFrame):
+    """Acceptance rate (x) against hit rate (y), one point per Saguaro C with mean ± CI on both axes, labelled
+    "C=…", and the Pareto front joined by a line. Columns saguaro_c, prompt_id, acceptance_rate, hit_rate."""
+    _check(frame, ["saguaro_c", "prompt_id", "acceptance_rate", "hit_rate"], "saguaro_pareto")
+    acc = summarise(frame, "saguaro_c", "acceptance_rate")
+    hit = summarise(frame, "saguaro_c", "hit_rate")
+    s = acc.merge(hit, on="saguaro_c", suffixes=("_a", "_h")).sort_values("saguaro_c").reset_index(drop=True)
+    front = pareto_front(s["mean_a"], s["mean_h"])
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(2)
+        ax.errorbar(s["mean_a"].to_numpy(float), s["mean_h"].to_numpy(float),
+                    xerr=s[["err_low_a", "err_high_a"]].to_numpy(float).T,
+                    yerr=s[["err_low_h", "err_high_h"]].to_numpy(float).T, fmt="o", capsize=4, color=pal[0],
+                    label=CI_LABEL)
+        for _, row in s.iterrows():
+            ax.annotate(f"C={_fmt(row['saguaro_c'])}", (row["mean_a"], row["mean_h"]), textcoords="offset points",
+                        xytext=(6, 6), fontsize="small")
+        ax.plot(s.loc[front, "mean_a"], s.loc[front, "mean_h"], "-", color=pal[1], lw=1.5, label="Pareto front")
+        ax.set(xlabel="acceptance rate a", ylabel="hit rate", title="Saguaro C: acceptance rate vs hit rate")
+        ax.legend()
+    return fig
+
+
+def wall_clock(frame: pd.DataFrame):
+    """Tokens per second per method (bars, mean ± CI, in the frame's method order); a marker per method for the
+    optional column predicted_tokens_per_s (Theorem 7's prediction) where present. Columns method, prompt_id,
+    tokens_per_s."""
+    _check(frame, ["method", "prompt_id", "tokens_per_s"], "wall_clock")
+    methods = [str(m) for m in _order(frame["method"])]
+    frame = frame.assign(method=frame["method"].astype(str))
+    s = summarise(frame, "method", "tokens_per_s").set_index("method").reindex(methods).reset_index()
+    x = np.arange(len(methods))
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(len(methods) + 1)
+        ax.bar(x, s["mean"].to_numpy(float), yerr=s[["err_low", "err_high"]].to_numpy(float).T, capsize=5,
+               color=pal[: len(methods)], alpha=0.9, label=CI_LABEL)
+        if "predicted_tokens_per_s" in frame.columns:
+            pred = frame["predicted_tokens_per_s"].astype(float).groupby(frame["method"], sort=False).mean()
+            pred = pred.reindex(methods)
+            have = pred.notna().to_numpy()
+            if have.any():
+                ax.plot(x[have], pred.to_numpy()[have], "D", color="black", markersize=8,
+                        label="predicted (Theorem 7)")
+        ax.set_xticks(x)
+        ax.set_xticklabels(methods)
+        ax.set(xlabel="method", ylabel="tokens / s", title="Wall clock: tokens per second")
+        ax.legend()
+    return fig
+
+
+# --- the text, coloured by role -------------------------------------------------------------------------------------
+
+def token_roles(rounds) -> list[str]:
+    """The role of each new token, round by round: "accepted", "recovered", "bonus" or "target".
+
+    A round adds new_tokens tokens: the first min(accepted, new_tokens) are accepted drafted tokens, then (if the
+    round was not cut before it) the target's token: recovered if accepted < draft_len, bonus if
+    accepted == draft_len > 0, target if draft_len == 0 (autoregressive). rounds: Trace.to_frame() or a Trace.
+    """
+    if hasattr(rounds, "to_frame"):
+        rounds = rounds.to_frame()
+    _check(rounds, ["draft_len", "accepted", "new_tokens"], "token_roles", allow_empty=True)
+    roles: list[str] = []
+    for i, (d, k, n) in enumerate(zip(rounds["draft_len"], rounds["accepted"], rounds["new_tokens"])):
+        d, k, n = int(d), int(k), int(n)
+        if not (0 <= k <= d and 0 <= n <= k + 1):
+            raise ValueError(f"round {i}: need 0 <= accepted <= draft_len and 0 <= new_tokens <= accepted + 1, "
+                             f"got draft_len={d}, accepted={k}, new_tokens={n}")
+        roles += ["accepted"] * min(k, n)
+        if n > k:
+            roles.append("target" if d == 0 else "bonus" if k == d else "recovered")
+    return roles
+
+
+def token_pieces(tokenizer, tokens) -> list[str]:
+    """The text each token adds, by decoding growing prefixes (a token may be half a character: its text goes to
+    the token that completes it). tokenizer None (tiny random pairs): the ids themselves."""
+    if tokenizer is None:
+        return [f"{t} " for t in tokens]
+    pieces, previous = [], ""
+    for i in range(len(tokens)):
+        text = tokenizer.decode(tokens[: i + 1])
+        if text.endswith("\ufffd") and i + 1 < len(tokens):
+            pieces.append("")  # an incomplete UTF-8 sequence so far
+            continue
+        pieces.append(text[len(previous):] if text.startswith(previous) else tokenizer.decode(tokens[i : i + 1]))
+        previous = text
+    return pieces
+
+
+def _as_ids(tokens) -> list[int]:
+    if hasattr(tokens, "tolist"):
+        tokens = tokens.tolist()
+    tokens = list(tokens)
+    if len(tokens) == 1 and isinstance(tokens[0], (list, tuple)):
+        tokens = list(tokens[0])
+    return [int(t) for t in tokens]
+
+
+def _span(text: str, role: str, title: str | None = None) -> str:
+    colour = ROLE_COLOURS[role]
+    style_ = f"background:{colour};" if colour else "color:#555;"
+    title_attr = f' title="{html.escape(title)}"' if title else ""
+    return f'<span class="ssd-{role}" style="{style_}border-radius:2px"{title_attr}>{html.escape(text)}</span>'
+
+
+def coloured_tokens_html(tokenizer, tokens, rounds) -> str:
+    """The HTML string `coloured_tokens` displays."""
+    ids = _as_ids(tokens)
+    roles = token_roles(rounds)
+    if len(roles) != len(ids):
+        raise ValueError(f"rounds account for {len(roles)} new tokens but tokens has {len(ids)}: pass the new token "
+                         f"ids and Trace.to_frame() of the same generate call")
+    pieces = token_pieces(tokenizer, ids)
+    counts = {r: roles.count(r) for r in ROLES}
+    legend = " ".join(_span(f"{r} ({counts[r]})", r, ROLE_HELP[r]) for r in ROLES)
+    body = "".join(_span(p, r, f"{r}, id {t}") for p, r, t in zip(pieces, roles, ids))
+    return ('<div class="ssd-tokens">'
+            f'<div style="font-size:smaller;margin-bottom:6px">{legend}</div>'
+            f'<div style="white-space:pre-wrap;font-family:monospace;line-height:1.6">{body}</div></div>')
+
+
+def coloured_tokens(tokenizer, tokens, rounds):
+    """The generated text, each token coloured by its role (accepted green, recovered orange, bonus blue, target
+    plain), HTML-escaped, newlines kept, with a legend. tokens: the new token ids; rounds: Trace.to_frame() (or the
+    Trace) of the same call."""
+    from IPython.display import HTML
+
+    return HTML(coloured_tokens_html(tokenizer, tokens, rounds))

@@ -1,0 +1,82 @@
+"""The notebooks' experiment functions and lossless checks, on tiny random pairs."""
+import dataclasses
+
+import pytest
+
+from ssd import experiments
+from ssd.decoding import DecodeConfig
+from ssd.lossless import ALPHA, chi_square_p, distribution_check, exact_target_distribution, greedy_identical
+from ssd.models import load_pair, tiny_pair
+from ssd.prompts import load_prompts
+from ssd.ssd import SSDConfig
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return load_prompts("humaneval[0:3]")
+
+
+def test_a_tiny_pair_encodes_any_prompt_set_with_its_toy_tokenizer(pair, prompts):
+    ids = pair.tokenizer(prompts[0].text)["input_ids"]
+    assert ids and all(0 <= i < pair.vocab_size for i in ids)
+    assert pair.tokenizer.decode([3, 1]) == "<3><1>"
+
+
+def test_decode_gives_one_row_per_prompt_and_the_rounds_of_each(pair, prompts):
+    runs, rounds, tokens = experiments.decode(pair, prompts, "sd", DecodeConfig(k=3, max_new_tokens=12), progress=False)
+    assert list(runs.prompt_id) == [p.id for p in prompts] == list(tokens)
+    assert (runs.new_tokens == 12).all()
+    for row in runs.itertuples():
+        assert rounds[rounds.prompt_id == row.prompt_id].new_tokens.sum() == row.new_tokens
+        assert row.tokens_per_round == pytest.approx(row.new_tokens / row.rounds)
+
+
+def test_sweep_field_varies_one_config_field_and_labels_the_rows(pair, prompts):
+    runs, rounds, tokens = experiments.sweep_field(pair, prompts, "sd", DecodeConfig(max_new_tokens=10), "k", [1, 4],
+                                                   progress=False)
+    assert sorted(runs.k.unique()) == [1, 4] and sorted(rounds.k.unique()) == [1, 4]
+    assert rounds[rounds.k == 1].draft_len.max() == 1 and rounds[rounds.k == 4].draft_len.max() == 4
+    ar, _, ar_tokens = experiments.decode(pair, prompts, "ar", DecodeConfig(max_new_tokens=10), progress=False)
+    assert tokens[1] == tokens[4] == ar_tokens  # greedy: every K gives the target's tokens
+
+
+def test_ap_sensitivity_has_a_row_per_prompt_and_assumed_a_p_plus_uniform(pair, prompts):
+    config = SSDConfig(k=3, temperature=0.8, max_new_tokens=12, budget=1)
+    rounds = experiments.ssd_rounds(pair, prompts, config, progress=False)
+    sens = experiments.ap_sensitivity(rounds, budget=6, k=3, a_ps=[0.2, 0.8], r=1.0)
+    assert len(sens) == len(prompts) * 3
+    assert set(sens.strategy) == {"geometric", "uniform"}
+    assert sens.hit_rate.between(0, 1).all()
+    # geometric believing a_p with the same budget is a different split from uniform: not always the same hit rate
+    curves = experiments.hit_rate_curves(rounds, [6], 3, ["uniform"])
+    assert sorted(curves.hit_rate) == sorted(sens[sens.strategy == "uniform"].hit_rate)
+
+
+def test_greedy_identical_reports_identity_per_prompt_and_method(pair, prompts):
+    frame = greedy_identical(pair, prompts, ["sd", "ssd"], SSDConfig(k=3, max_new_tokens=10, budget=4),
+                             progress=False)
+    assert len(frame) == 2 * len(prompts) and frame.identical.all() and frame.first_difference.isna().all()
+    with pytest.raises(ValueError, match="temperature must be 0"):
+        greedy_identical(pair, prompts, ["sd"], DecodeConfig(temperature=0.5))
+
+
+def test_distribution_check_passes_sd_and_fails_outputs_from_another_distribution():
+    toy = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
+    prompt, config = [1, 4, 2], DecodeConfig(k=2, temperature=0.9, max_new_tokens=3)
+    good = distribution_check(toy, prompt, "sd", config, samples=800, progress=False)
+    assert good["p_value"] > ALPHA and 0.2 < good["acceptance_rate"] < 0.95
+    assert good["table"].observed.sum() == 800 and len(good["table"]) == 6**3
+    # The draft sampled alone (AR on a pair whose target is the draft) passes against its own distribution...
+    drafted = distribution_check(dataclasses.replace(toy, target=toy.draft), prompt, "ar", config, samples=800,
+                                 progress=False)
+    assert drafted["p_value"] > ALPHA
+    # ...and fails against the real target's: the check can tell the two apart.
+    observed = drafted["table"].sort_values("sequence").observed.to_numpy()
+    assert chi_square_p(observed, exact_target_distribution(toy, prompt, 3, 0.9)) < ALPHA
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        distribution_check(toy, prompt, "sd", DecodeConfig(), samples=1)

@@ -1,0 +1,312 @@
+"""ssd.plots on small synthetic frames: the right marks, deterministic PNGs written atomically, token roles."""
+import hashlib
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
+
+from ssd import plots  # noqa: E402
+from ssd.experiments import mean_ci  # noqa: E402
+from ssd.outcomes import fit_power_law, outcome_probabilities  # noqa: E402
+from ssd.theory import expected_tokens  # noqa: E402
+from ssd.trace import Round, Trace  # noqa: E402
+
+PROMPTS = ["p0", "p1", "p2"]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def errorbars(fig):
+    return [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+
+
+def png_digest(fig, tmp_path, name="fig.png"):
+    path = plots.save(fig, tmp_path / "out" / name)
+    assert os.path.getsize(path) > 0
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not [f for f in os.listdir(tmp_path / "out") if f.startswith(".tmp-")]
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def acceptance_frame(temperatures=(0.0, 1.0)):
+    rows = []
+    for t in temperatures:
+        for k in (1, 2, 4, 8):
+            for i, p in enumerate(PROMPTS):
+                a = 0.8 - 0.03 * k - 0.1 * t + 0.02 * i
+                rows.append({"k": k, "prompt_id": p, "temperature": t, "acceptance_rate": a,
+                             "tokens_per_round": expected_tokens(a, k) - 0.1 * i})
+    return pd.DataFrame(rows)
+
+
+def hit_frame():
+    rows = []
+    for strategy in ("uniform", "geometric", "calibrated"):
+        for b in (0, 1, 2, 4, 8, 16, 32):
+            for i, p in enumerate(PROMPTS):
+                rows.append({"prompt_id": p, "strategy": strategy, "budget": b,
+                             "hit_rate": 0.0 if b == 0 else min(1.0, 0.2 + 0.15 * np.log2(b + 1) + 0.03 * i),
+                             "rounds": 20})
+    return pd.DataFrame(rows)
+
+
+def test_save_creates_folder_atomically_and_rejects_other_formats(tmp_path):
+    fig = plots.acceptance_vs_k(acceptance_frame())
+    path = plots.save(fig, tmp_path / "a" / "b" / "acc.png")
+    assert path == str(tmp_path / "a" / "b" / "acc.png") and os.path.getsize(path) > 0
+    assert os.listdir(tmp_path / "a" / "b") == ["acc.png"]
+    with pytest.raises(ValueError, match="png"):
+        plots.save(fig, tmp_path / "acc.pdf")
+
+
+def test_acceptance_vs_k_hue_and_ci(tmp_path):
+    frame = acceptance_frame()
+    fig = plots.acceptance_vs_k(frame)
+    bars = errorbars(fig)
+    assert len(bars) == 2  # one series per temperature
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "draft length K" and ax.get_ylabel() == "acceptance rate a"
+    assert ax.get_legend().get_title().get_text() == "temperature"
+    # The drawn means and bars are mean_ci's, over prompts.
+    line = bars[0].lines[0]
+    expected = mean_ci(frame[frame.temperature == 0.0], "k", "acceptance_rate").sort_values("k")
+    np.testing.assert_allclose(line.get_ydata(), expected["mean"])
+    caps = bars[0].lines[1]
+    np.testing.assert_allclose(np.max([c.get_ydata() for c in caps], axis=0), expected["ci_high"])
+    assert png_digest(fig, tmp_path, "1.png") == png_digest(plots.acceptance_vs_k(frame), tmp_path, "2.png")
+    # Without temperature: one series.
+    assert len(errorbars(plots.acceptance_vs_k(frame[frame.temperature == 0.0].drop(columns="temperature")))) == 1
+
+
+def test_one_prompt_draws_no_interval_and_missing_columns_are_named():
+    frame = acceptance_frame((0.0,))
+    fig = plots.acceptance_vs_k(frame[frame.prompt_id == "p0"])
+    (bar,) = errorbars(fig)
+    np.testing.assert_allclose(*[c.get_ydata() for c in bar.lines[1]])  # zero-length bar, not NaN
+    # None where nothing was drafted (an object column) is no sample, not an error.
+    with_none = frame.astype({"acceptance_rate": object})
+    with_none.loc[with_none.prompt_id == "p2", "acceptance_rate"] = None
+    (bar,) = errorbars(plots.acceptance_vs_k(with_none))
+    np.testing.assert_allclose(bar.lines[0].get_ydata(),
+                               frame[frame.prompt_id != "p2"].groupby("k").acceptance_rate.mean())
+    with pytest.raises(ValueError, match="acceptance_rate"):
+        plots.acceptance_vs_k(frame.drop(columns="acceptance_rate"))
+    with pytest.raises(ValueError, match="empty"):
+        plots.acceptance_vs_k(frame.iloc[:0])
+
+
+def test_tokens_per_round_measured_and_theory():
+    frame = acceptance_frame((0.0,))
+    fig = plots.tokens_per_round(frame)
+    assert len(errorbars(fig)) == 1
+    theory = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("theory")]
+    assert len(theory) == 1
+    a = frame.groupby("k").acceptance_rate.mean()
+    np.testing.assert_allclose(theory[0].get_ydata(), [expected_tokens(a[k], k) for k in (1, 2, 4, 8)])
+    overall = plots.tokens_per_round(frame, a_by="overall")
+    (line,) = [ln for ln in overall.axes[0].get_lines() if ln.get_label().startswith("theory")]
+    a_all = frame.acceptance_rate.mean()
+    np.testing.assert_allclose(line.get_ydata(), [expected_tokens(a_all, k) for k in (1, 2, 4, 8)])
+    with pytest.raises(ValueError, match="a_by"):
+        plots.tokens_per_round(frame, a_by="prompt")
+
+
+def test_hit_rate_vs_budget_symlog_with_zero(tmp_path):
+    frame = hit_frame()
+    fig = plots.hit_rate_vs_budget(frame)
+    bars = errorbars(fig)
+    assert len(bars) == 3 and all(len(b.lines[0].get_xdata()) == 7 for b in bars)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "symlog" and 0 in ax.get_xticks()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["uniform", "geometric", "calibrated"]
+    assert png_digest(fig, tmp_path, "1.png") == png_digest(plots.hit_rate_vs_budget(frame), tmp_path, "2.png")
+
+
+def test_accepted_histogram_fractions_and_geometric():
+    # K = 4 rounds plus two shorter rounds near max_new_tokens, which are left out.
+    accepted = [0, 1, 1, 2, 4, 4, 4, 3, 0, 4]
+    rounds = pd.DataFrame({"accepted": accepted + [1, 0], "draft_len": [4] * 10 + [2, 1]})
+    fig = plots.accepted_histogram(rounds)
+    ax = fig.axes[0]
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    np.testing.assert_allclose([b.get_height() for b in bars], [0.2, 0.2, 0.1, 0.1, 0.4])
+    a = sum(accepted) / sum(k + (k < 4) for k in accepted)  # accepted / tested
+    (geom,) = [ln for ln in ax.get_lines() if "geometric" in ln.get_label()]
+    np.testing.assert_allclose(geom.get_ydata(), outcome_probabilities(4, a))
+    assert f"a = {a:.2f}" in geom.get_label()
+    with pytest.raises(ValueError, match="K >= 1"):
+        plots.accepted_histogram(pd.DataFrame({"accepted": [0, 0], "draft_len": [0, 0]}))
+
+
+def test_miss_rate_fit_uses_the_package_fit():
+    rng = np.random.default_rng(0)
+    ranks = list(np.ceil(rng.pareto(0.7, 400) + 1).astype(int)) + [None, float("nan")]
+    fig = plots.miss_rate_fit(ranks, max_f=16)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    r = fit_power_law([x for x in ranks if x is not None and x == x], 16)
+    c, r2 = plots.power_law(ranks, 16)
+    assert r2 == r
+    (fit,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fit")]
+    assert f"r = {r:.2f}" in fit.get_label()
+    np.testing.assert_allclose(fit.get_ydata(), c * np.arange(1, 17.0) ** -r)
+    # Every rank within F = 1: nothing to fit, still a figure.
+    assert plots.power_law([1, 1, 1]) is None
+    plots.miss_rate_fit([1, 1, 2])
+    with pytest.raises(ValueError, match="rank"):
+        plots.miss_rate_fit([None, float("nan")])
+
+
+def test_ap_sensitivity_lines():
+    rows = [{"assumed_a_p": a, "prompt_id": p, "strategy": "geometric", "hit_rate": 0.5 + 0.3 * a * (1 - a) + i / 50}
+            for a in (0.2, 0.4, 0.6, 0.8) for i, p in enumerate(PROMPTS)]
+    rows += [{"assumed_a_p": np.nan, "prompt_id": p, "strategy": "uniform", "hit_rate": 0.45 + i / 50}
+             for i, p in enumerate(PROMPTS)]
+    fig = plots.ap_sensitivity(pd.DataFrame(rows), fitted_a_p=0.55)
+    ax = fig.axes[0]
+    assert len(errorbars(fig)) == 1
+    labels = [ln.get_label() for ln in ax.get_lines()]
+    (uniform,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("uniform")]
+    assert uniform.get_linestyle() == "--"
+    np.testing.assert_allclose(uniform.get_ydata(), [0.47, 0.47])
+    (fitted,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fitted a_p")]
+    np.testing.assert_allclose(fitted.get_xdata(), [0.55, 0.55])
+    assert "fitted a_p = 0.55" in labels
+    # Without strategy or fitted a_p: one series, no reference lines.
+    plain = plots.ap_sensitivity(pd.DataFrame(rows[:12]).drop(columns="strategy"))
+    assert len(errorbars(plain)) == 1
+    assert not [ln for ln in plain.axes[0].get_lines() if ln.get_label().startswith(("uniform", "fitted"))]
+
+
+def test_pareto_front():
+    assert plots.pareto_front([0.9, 0.8, 0.7, 0.6], [0.1, 0.5, 0.4, 0.6]) == [3, 1, 0]
+
+
+def test_saguaro_pareto(tmp_path):
+    # C: 0 (no re-weighting) .. 1; acceptance falls and hit rate rises, C=0.5 is dominated by C=0.25.
+    means = {0.0: (0.70, 0.30), 0.25: (0.68, 0.45), 0.5: (0.60, 0.40), 1.0: (0.50, 0.60)}
+    frame = pd.DataFrame([{"saguaro_c": c, "prompt_id": p, "acceptance_rate": a + i / 100, "hit_rate": h - i / 100}
+                          for c, (a, h) in means.items() for i, p in enumerate(PROMPTS)])
+    fig = plots.saguaro_pareto(frame)
+    ax = fig.axes[0]
+    (bars,) = errorbars(fig)
+    assert bars.has_xerr and bars.has_yerr and len(bars.lines[0].get_xdata()) == 4
+    assert sorted(t.get_text() for t in ax.texts) == ["C=0", "C=0.25", "C=0.5", "C=1"]
+    (front,) = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto front"]
+    np.testing.assert_allclose(front.get_xdata(), [0.51, 0.69, 0.71])
+    assert png_digest(fig, tmp_path, "1.png") == png_digest(plots.saguaro_pareto(frame), tmp_path, "2.png")
+
+
+def test_wall_clock_order_and_prediction():
+    rows = [{"method": m, "prompt_id": p, "tokens_per_s": v + i, "predicted_tokens_per_s": pred}
+            for m, v, pred in (("ar", 10, np.nan), ("sd", 18, np.nan), ("ssd", 25, 27.0))
+            for i, p in enumerate(PROMPTS)]
+    fig = plots.wall_clock(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    np.testing.assert_allclose([b.get_height() for b in bars], [11, 19, 26])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ar", "sd", "ssd"]
+    assert len(errorbars(fig)) == 1
+    (pred,) = [ln for ln in ax.get_lines() if "Theorem 7" in ln.get_label()]
+    assert list(pred.get_xdata()) == [2] and list(pred.get_ydata()) == [27.0]
+    # Without predictions: bars only.
+    fig = plots.wall_clock(pd.DataFrame(rows).drop(columns="predicted_tokens_per_s"))
+    assert not [ln for ln in fig.axes[0].get_lines() if "Theorem 7" in ln.get_label()]
+
+
+# --- token roles ----------------------------------------------------------------------------------------------------
+
+def frame(*rounds):
+    """Rounds as (draft_len, accepted, new_tokens), through a real Trace."""
+    trace = Trace("sd", prompt_len=3, rounds=[Round(d, k, 0, n, 0.0, 0.0) for d, k, n in rounds])
+    return trace.to_frame()
+
+
+def test_roles_autoregressive():
+    assert plots.token_roles(frame((0, 0, 1), (0, 0, 1), (0, 0, 1))) == ["target"] * 3
+
+
+def test_roles_sd_full_accept_and_rejection():
+    assert plots.token_roles(frame((3, 3, 4))) == ["accepted"] * 3 + ["bonus"]
+    assert plots.token_roles(frame((3, 1, 2), (3, 0, 1))) == ["accepted", "recovered", "recovered"]
+    # K = 0 in an SD round near max_new_tokens: a plain target token.
+    assert plots.token_roles(frame((2, 2, 3), (0, 0, 1))) == ["accepted"] * 2 + ["bonus", "target"]
+
+
+def test_roles_cut_by_eos_or_max_new_tokens():
+    # EOS among the accepted tokens: the round ends there, no target token.
+    assert plots.token_roles(frame((4, 3, 2))) == ["accepted", "accepted"]
+    # All accepted but max_new_tokens leaves no room for the bonus.
+    assert plots.token_roles(frame((3, 3, 3))) == ["accepted"] * 3
+    with pytest.raises(ValueError, match="round 1"):
+        plots.token_roles(frame((3, 1, 2), (3, 1, 3)))
+
+
+class CharTokenizer:
+    """One character per id."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_coloured_tokens_html_escapes_and_keeps_newlines():
+    text = "a<b\n&c"
+    ids = [ord(ch) for ch in text]
+    rounds = frame((3, 2, 3), (3, 3, 3))  # accepted accepted recovered, accepted x3 (cut)
+    out = plots.coloured_tokens(CharTokenizer(), ids, rounds)
+    body = out.data
+    assert "&lt;" in body and "<b" not in body.replace("<b>", "") and "&amp;" in body
+    assert "white-space:pre-wrap" in body and "\n" in body
+    for role in ("accepted", "recovered", "bonus", "target"):
+        assert f"ssd-{role}" in body  # legend names every role
+    assert body.count('class="ssd-recovered"') == 2  # the legend entry and one token
+    with pytest.raises(ValueError, match="6 new tokens"):
+        plots.coloured_tokens(CharTokenizer(), ids[:-1], rounds)
+
+
+class ByteTokenizer:
+    """One UTF-8 byte per id: half a character decodes to U+FFFD, like byte-level BPE."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_token_pieces_give_a_split_character_to_the_token_completing_it():
+    ids = list("é!".encode())
+    assert plots.token_pieces(ByteTokenizer(), ids) == ["", "é", "!"]
+    assert plots.token_pieces(None, [5, 6]) == ["5 ", "6 "]
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_roles_match_a_real_trace(method):
+    """On a tiny random pair: one role per new token, and each round's target token is the trace's t*."""
+    import torch
+
+    from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+    from ssd.models import tiny_pair
+
+    pair = tiny_pair(agreement_noise=0.2)
+    run = generate_ar if method == "ar" else generate_sd
+    tokens, trace = run(pair, [1, 2, 3], DecodeConfig(k=3, temperature=0.0, max_new_tokens=23),
+                        torch.Generator().manual_seed(0))
+    roles = plots.token_roles(trace)
+    assert len(roles) == len(tokens)
+    # SD here: 23 tokens in rounds with accepted, recovered and bonus tokens, the last round K = 0 (a target token).
+    assert set(roles) == ({"target"} if method == "ar" else {"accepted", "recovered", "bonus", "target"})
+    ends = np.cumsum([r.new_tokens for r in trace.rounds]) - 1
+    for r, end in zip(trace.rounds, ends):
+        if r.new_tokens > r.accepted:
+            assert tokens[end] == r.token and roles[end] != "accepted"
+    html = plots.coloured_tokens(None, tokens, trace.to_frame()).data
+    assert html.count("<span") == len(tokens) + 4
