@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-models.txt
 	touch $(STAMP)
 
 # The main job: the whole course, every numbered notebook executed by papermill at its defaults into runs/course/
-# (about 25 minutes on a 2-core CPU); the notebooks write data/ and figures/.
+# (about 14 minutes on a 2-core CPU); the notebooks write data/ and figures/.
 run: $(STAMP)
 	$(BIN)/python -m ssd course --out runs/course
 
@@ -27,10 +27,12 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd bench --pair qwen2.5-coder --methods ar,hf-ar,sd,hf-sd -k 4 \
 		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --json data/bench.json
 
-# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/).
+# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 2.5 hours on
+# a 2-core CPU, most of it the wall-clock grid, which must run alone.
 sweep: $(STAMP)
 	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2
+	$(BIN)/python -m ssd sweep sweeps/wall_clock.yaml --jobs 1
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks

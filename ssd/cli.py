@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--prompts", default="humaneval:32", help="prompt set (default humaneval:32)")
     h.add_argument("--budgets", default="0,1,2,4,8,16,32", help="comma-separated budgets; the run uses the largest")
     h.add_argument("--strategies", default=",".join(STRATEGIES), help="fan-out strategies to evaluate")
-    h.add_argument("--out", default="data/hit_rates", help="writes OUT_rounds.csv and OUT.csv (default data/hit_rates)")
+    h.add_argument("--out", default="data/hit_rates_cli",
+                   help="writes OUT_rounds.csv and OUT.csv (default data/hit_rates_cli)")
 
     co = sub.add_parser("course", help="execute every numbered notebook at its defaults with papermill")
     co.add_argument("--notebooks", default="notebooks", help="folder of the numbered notebooks (default notebooks)")

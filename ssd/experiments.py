@@ -46,26 +46,38 @@ def mean_ci(frame: pd.DataFrame, by, value: str, level: float = 0.95) -> pd.Data
     return frame.groupby(by, sort=False, dropna=False)[[value]].apply(one).reset_index()
 
 
+def paired_difference(frame: pd.DataFrame, by, column: str, a, b, value: str, level: float = 0.95) -> pd.DataFrame:
+    """Mean over prompts of (value where column == a) - (value where column == b), paired per prompt, with a
+    Student-t CI: the comparison of two settings measured on the same prompts (geometric - uniform, C = 0.1 - C = 1)."""
+    wide = frame.pivot_table(index=[*by, "prompt_id"], columns=column, values=value).reset_index()
+    missing = [s for s in (a, b) if s not in wide.columns]
+    if missing:
+        raise ValueError(f"{column} has no rows for {missing}; present: {sorted(frame[column].unique())}")
+    return mean_ci(wide.assign(difference=wide[a] - wide[b]), by, "difference", level)
+
+
 # ---- per-prompt runs of any method (notebooks 00, 01, 04, 05) ----------------------------------------------------
 
 
 def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = True):
     """Run one method on every prompt (prompt i uses seed + i).
 
-    Returns (runs, rounds, tokens): one row per prompt with the trace's summary figures, one row per round, and the
-    new tokens by prompt id.
+    Returns (runs, rounds, tokens): one row per prompt with the trace's summary figures (acceptance_rate is accepted
+    / drafted, a_p the per-token estimate accepted / tested), one row per round, and the new tokens by prompt id.
     """
     run = get_method(method)
     runs, rounds, tokens = [], [], {}
     for i, prompt in enumerate(tqdm(prompts, desc=method, disable=not progress)):
         new, trace = run(pair, encode(pair.tokenizer, prompt), config, torch.Generator().manual_seed(seed + i))
         tokens[prompt.id] = new
+        frame = trace.to_frame().assign(prompt_id=prompt.id)
         runs.append({"prompt_id": prompt.id, "method": method, "new_tokens": len(new), "rounds": len(trace.rounds),
-                     "acceptance_rate": trace.acceptance_rate, "mean_accepted": trace.mean_accepted,
+                     "acceptance_rate": trace.acceptance_rate, "a_p": fitted_a_p(frame) if trace.drafted else None,
+                     "mean_accepted": trace.mean_accepted,
                      "tokens_per_round": trace.tokens_per_round, "hit_rate": trace.hit_rate, "wall_s": trace.wall_s,
                      "tokens_per_s": len(new) / trace.wall_s if trace.wall_s else None})
         if trace.rounds:
-            rounds.append(trace.to_frame().assign(prompt_id=prompt.id))
+            rounds.append(frame)
     return pd.DataFrame(runs), pd.concat(rounds, ignore_index=True) if rounds else pd.DataFrame(), tokens
 
 

@@ -139,16 +139,17 @@ def save(fig, path) -> str:
 
 # --- SD: acceptance and tokens per round ----------------------------------------------------------------------------
 
-def acceptance_vs_k(frame: pd.DataFrame):
-    """Acceptance rate a against draft length K; columns k, prompt_id, acceptance_rate, optional temperature (hue)."""
-    _check(frame, ["k", "prompt_id", "acceptance_rate"], "acceptance_vs_k")
+def acceptance_vs_k(frame: pd.DataFrame, column: str = "acceptance_rate"):
+    """Acceptance rate a against draft length K; columns k, prompt_id, `column` (accepted / drafted, or a_p =
+    accepted / tested), optional temperature (hue)."""
+    _check(frame, ["k", "prompt_id", column], "acceptance_vs_k")
     hue = "temperature" if "temperature" in frame.columns else None
     groups = [(None, frame)] if hue is None else [(t, frame[frame[hue] == t]) for t in sorted(_order(frame[hue]))]
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(len(groups))
         for i, (t, g) in enumerate(groups):
-            s = summarise(g, "k", "acceptance_rate").sort_values("k")
+            s = summarise(g, "k", column).sort_values("k")
             label = CI_LABEL if hue is None else _fmt(t)
             _errorbar(ax, _dodge(ax, s["k"], i, len(groups)), s, label=label, colour=pal[i])
         ax.set_xticks(sorted(_order(frame["k"])))
@@ -158,22 +159,23 @@ def acceptance_vs_k(frame: pd.DataFrame):
     return fig
 
 
-def tokens_per_round(frame: pd.DataFrame, a_by: str = "k"):
+def tokens_per_round(frame: pd.DataFrame, a_by: str = "k", column: str = "acceptance_rate"):
     """Measured tokens per round against K, with the theory E = (1 - a^(K+1)) / (1 - a).
 
-    Columns k, prompt_id, tokens_per_round, acceptance_rate. a is the mean acceptance rate over prompts at each K
+    Columns k, prompt_id, tokens_per_round and `column`. a is the mean of `column` over prompts at each K
     (a_by="k") or over every row (a_by="overall"). The theory assumes each drafted token is accepted independently
-    with probability a; the drafted-token acceptance rate is biased low for that (tokens after a rejection are never
-    tested) and rounds cut by EOS or max_new_tokens add fewer tokens, so measured and theory need not coincide.
+    with probability a; the drafted-token acceptance rate (accepted / drafted) is biased low for that (tokens after a
+    rejection are never tested), which a_p = accepted / tested is not; rounds cut by EOS or max_new_tokens add fewer
+    tokens, so measured and theory need not coincide.
     """
-    _check(frame, ["k", "prompt_id", "tokens_per_round", "acceptance_rate"], "tokens_per_round")
+    _check(frame, ["k", "prompt_id", "tokens_per_round", column], "tokens_per_round")
     if a_by not in ("k", "overall"):
         raise ValueError(f"a_by must be 'k' (a per K) or 'overall' (one a for all K), got {a_by!r}")
     measured = summarise(frame, "k", "tokens_per_round").sort_values("k")
-    a = summarise(frame, "k", "acceptance_rate").set_index("k")["mean"]
+    a = summarise(frame, "k", column).set_index("k")["mean"]
     ks = measured["k"].to_numpy()
     if a_by == "overall":
-        per_prompt = frame["acceptance_rate"].astype(float).groupby(frame["prompt_id"], sort=False).mean()
+        per_prompt = frame[column].astype(float).groupby(frame["prompt_id"], sort=False).mean()
         a_all = float(per_prompt.mean())
         theory = [expected_tokens(a_all, int(k)) for k in ks]
         theory_label = f"theory (1 − a^(K+1)) / (1 − a), a = {a_all:.2f}"

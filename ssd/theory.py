@@ -28,12 +28,15 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
     """Theorem 7 with every input measured on SSD rounds (one frame, or several runs concatenated).
 
     E_hit / E_miss are the tokens of rounds whose draft came from a hit / a backup; T_p and T_b the mean
-    pre-speculation and backup times over the mean verify time. The theorem counts time in verify passes, which on
+    pre-speculation and backup times over the mean verify time of rounds after the first (whose pass also processes
+    the prompt). The theorem counts time in verify passes, which on
     a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
     is rescaled by ar_step_s / verify_s.
     """
     previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
-    verify_s = rounds["verify_s"].mean()
+    # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.
+    decode = rounds[rounds["round"] > 0] if (rounds["round"] > 0).any() else rounds
+    verify_s = decode["verify_s"].mean()
     backups = rounds.loc[rounds["backup"].notna(), "draft_s"]
     out = {
         "p_hit": float(rounds["hit"].astype(bool).mean()),

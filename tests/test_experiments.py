@@ -31,6 +31,8 @@ def test_decode_gives_one_row_per_prompt_and_the_rounds_of_each(pair, prompts):
     runs, rounds, tokens = experiments.decode(pair, prompts, "sd", DecodeConfig(k=3, max_new_tokens=12), progress=False)
     assert list(runs.prompt_id) == [p.id for p in prompts] == list(tokens)
     assert (runs.new_tokens == 12).all()
+    # a_p counts only the tokens tested; acceptance_rate also counts those after a rejection, so it is never above
+    assert (runs.a_p >= runs.acceptance_rate).all() and runs.a_p.between(0, 1).all()
     for row in runs.itertuples():
         assert rounds[rounds.prompt_id == row.prompt_id].new_tokens.sum() == row.new_tokens
         assert row.tokens_per_round == pytest.approx(row.new_tokens / row.rounds)
@@ -80,3 +82,27 @@ def test_distribution_check_passes_sd_and_fails_outputs_from_another_distributio
     assert chi_square_p(observed, exact_target_distribution(toy, prompt, 3, 0.9)) < ALPHA
     with pytest.raises(ValueError, match="temperature must be > 0"):
         distribution_check(toy, prompt, "sd", DecodeConfig(), samples=1)
+
+
+def test_paired_difference_pairs_settings_per_prompt():
+    import pandas as pd
+
+    frame = pd.DataFrame({"set": ["x"] * 6, "prompt_id": [1, 2, 3] * 2, "c": [1.0] * 3 + [0.1] * 3,
+                          "hit_rate": [0.5, 0.6, 0.7, 0.6, 0.7, 0.9]})
+    out = experiments.paired_difference(frame, ["set"], "c", 0.1, 1.0, "hit_rate").iloc[0]
+    assert out["mean"] == pytest.approx(0.4 / 3) and out["n"] == 3
+    assert out.ci_low < out["mean"] < out.ci_high
+    with pytest.raises(ValueError, match="c has no rows for \\[0.5\\]"):
+        experiments.paired_difference(frame, ["set"], "c", 0.5, 1.0, "hit_rate")
+
+
+def test_atomic_writes_leave_ordinary_file_permissions(tmp_path):
+    import os
+
+    import pandas as pd
+
+    from ssd.files import _umask, write_csv
+
+    write_csv(pd.DataFrame({"a": [1]}), str(tmp_path / "out.csv"))
+    assert os.stat(tmp_path / "out.csv").st_mode & 0o777 == 0o666 & ~_umask()
+    assert os.listdir(tmp_path) == ["out.csv"]

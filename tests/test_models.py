@@ -43,7 +43,8 @@ def test_tiny_pair_is_deterministic_for_a_seed():
 def test_tiny_pair_shape_and_fields():
     pair = tiny_pair(vocab_size=20, max_context=64)
     assert (pair.vocab_size, pair.max_context, pair.name) == (20, 64, "tiny")
-    assert pair.tokenizer is None and pair.eos_token_ids == ()
+    assert pair.eos_token_ids == ()
+    assert pair.tokenizer("ab")["input_ids"] == [ord("a") % 20, ord("b") % 20]  # the toy tokenizer: a char an id
     for m in (pair.draft, pair.target):
         assert not m.training and m.dtype == torch.float32
         assert not any(p.requires_grad for p in m.parameters())

@@ -299,14 +299,20 @@ def test_a_drafter_that_hangs_while_loading_times_out():
 
 
 def test_ctrl_c_in_the_verifier_ends_both_ranks():
-    pipeline = start("hang", 25)
-    timer = threading.Timer(1.0, _thread.interrupt_main)  # what a notebook's interrupt button does
-    timer.start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        generate(pipeline)
-    timer.join()
-    assert_ended(pipeline, started, 5)
+    # A process started in the background by a shell inherits SIGINT ignored, and then interrupt_main does nothing;
+    # a Jupyter kernel, like an interactive python, turns SIGINT into KeyboardInterrupt. Test that case.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        pipeline = start("hang", 25)
+        timer = threading.Timer(1.0, _thread.interrupt_main)  # what a notebook's interrupt button does
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            generate(pipeline)
+        timer.join()
+        assert_ended(pipeline, started, 5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def state(pid: int) -> str | None:

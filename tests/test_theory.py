@@ -36,7 +36,7 @@ def rounds_frame():
             "round": [0, 1, 2, 3, 0, 1],
             "hit": [True, False, True, False, False, False],
             "new_tokens": [2, 4, 1, 5, 3, 1],
-            "verify_s": [1.0] * 6,
+            "verify_s": [7.0, 1.0, 1.0, 1.0, 9.0, 1.0],  # round 0 also processes the prompt: not a verify pass
             "prespec_s": [0.5] * 6,
             "draft_s": [0.0, 0.3, 0.0, 0.3, 0.3, 0.3],
             "backup": [None, "jit", None, "jit", "jit", "jit"],
