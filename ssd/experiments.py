@@ -10,16 +10,12 @@ from tqdm.auto import tqdm
 
 from .methods import get_method
 from .prompts import encode
-from .ssd import SSDConfig, counterfactual_hits, generate_ssd
+from .ssd import SSDConfig, counterfactual_hits
 
 
 def ssd_rounds(pair, prompts, config: SSDConfig, seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Run SSD on every prompt; one row per round, with prompt_id. Prompt i uses seed + i."""
-    frames = []
-    for i, prompt in enumerate(tqdm(prompts, desc="ssd", disable=not progress)):
-        _, trace = generate_ssd(pair, encode(pair.tokenizer, prompt), config, torch.Generator().manual_seed(seed + i))
-        frames.append(trace.to_frame().assign(prompt_id=prompt.id))
-    return pd.concat(frames, ignore_index=True)
+    return decode(pair, prompts, "ssd", config, seed, progress)[1]
 
 
 def hit_rate_curves(rounds: pd.DataFrame, budgets, k: int, strategies, a_p: float = 0.6, r: float = 0.5) -> pd.DataFrame:

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .experiments import mean_ci
+from .experiments import fitted_a_p, mean_ci
 from .files import atomic_path
-from .outcomes import Calibrator, fit_power_law, miss_rates, outcome_probabilities
+from .outcomes import fit_power_law, miss_rates, outcome_probabilities
 from .theory import expected_tokens
 
 PALETTE = "colorblind"
@@ -198,8 +198,8 @@ def accepted_histogram(rounds: pd.DataFrame, k: int | None = None):
     """Fraction of rounds with each accepted count k, among rounds that drafted K tokens (K = max draft_len).
 
     Overlaid: the truncated geometric P(k) = a^k (1 - a) for k < K, a^K for k = K, with a the maximum-likelihood
-    per-token acceptance rate of those rounds, accepted / tested (as `ssd.outcomes.Calibrator` estimates a_p: a
-    round tests k + 1 drafted tokens when one is rejected and K when all are accepted).
+    per-token acceptance rate of those rounds, accepted / tested (`ssd.experiments.fitted_a_p`: a round tests k + 1
+    drafted tokens when one is rejected and K when all are accepted).
     """
     _check(rounds, ["accepted", "draft_len"], "accepted_histogram")
     big_k = int(rounds["draft_len"].max()) if k is None else int(k)
@@ -209,10 +209,7 @@ def accepted_histogram(rounds: pd.DataFrame, k: int | None = None):
     if sub.empty:
         seen = sorted(_order(rounds["draft_len"]))
         raise ValueError(f"no round drafted K = {big_k} tokens (draft_len values: {seen})")
-    calibrator = Calibrator(prior_weight=0.0)
-    for accepted in sub["accepted"]:
-        calibrator.update(int(accepted), big_k, None)
-    a = calibrator.a_p
+    a = fitted_a_p(sub)
     kk = np.arange(big_k + 1)
     fraction = sub["accepted"].astype(int).value_counts(normalize=True).reindex(kk, fill_value=0.0).to_numpy()
     with _styled():
