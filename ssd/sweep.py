@@ -8,7 +8,9 @@ Protocol with the notebook: its `parameters` cell must define `results_csv`. The
 `<runs-dir>/<name>/<point_id>.csv` (an absolute path); the notebook's last step writes its tidy result frame there,
 atomically (ssd.files.write_csv), at least one row. The sweep then adds a `point_id` column and one column per
 parameter (a column the notebook already wrote under a parameter's name is kept as the notebook wrote it) and
-appends the rows to `<data-dir>/<name>.csv`. All values travel as the text the notebook wrote.
+appends the rows to `<data-dir>/<name>.csv`. All values travel as the text the notebook wrote. A notebook whose
+parameters cell also defines `figures_dir` gets `<runs-dir>/<name>/<point_id>_figures/`, so that the points' figures
+sit beside their notebooks instead of overwriting the notebook's default figures (the README's) in `figures/`.
 
 Exactly once: the points done are the point_ids in `<data-dir>/<name>.csv`, and only the parent process appends to
 it, one point at a time, by rewriting the whole file under a temporary name and renaming it. A sweep killed at any
@@ -42,6 +44,7 @@ from tqdm.auto import tqdm
 from .files import write_csv
 
 KEYS = ("name", "notebook", "parameters", "grid")
+SET_BY_SWEEP = ("results_csv", "figures_dir", "point_id")  # set for each point, never by a grid file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +116,7 @@ def check_notebook_parameters(notebook: str, names: list) -> None:
         raise ValueError(f"notebook {notebook} has no results_csv parameter: its cell tagged 'parameters' must "
                          f"define results_csv = '' and the notebook must write its result frame there")
     for key in names:
-        if key in ("results_csv", "point_id"):
+        if key in SET_BY_SWEEP:
             raise ValueError(f"{key} is set by the sweep for each point; remove it from the grid file")
         if key not in allowed:
             raise ValueError(f"parameter {key!r} is not in the parameters cell of {notebook}; allowed: "
@@ -186,7 +189,7 @@ def append_point(data_csv: str, point: Point, rows: pd.DataFrame) -> None:
 class _Run:
     """One point's files in the runs folder and its papermill subprocess."""
 
-    def __init__(self, grid: Grid, point: Point, run_dir: str, env: dict):
+    def __init__(self, grid: Grid, point: Point, run_dir: str, env: dict, figures: bool):
         self.point, stem = point, os.path.join(run_dir, point.point_id)
         self.csv, self.log = f"{stem}.csv", f"{stem}.log"
         self.running, self.done, self.failed = f"{stem}.running.ipynb", f"{stem}.ipynb", f"{stem}.failed.ipynb"
@@ -195,7 +198,8 @@ class _Run:
                 os.unlink(stale)
         notebook = os.path.abspath(grid.notebook)
         # YAML, not JSON: PyYAML reads JSON's 1e-05 as a string.
-        params = yaml.safe_dump(point.parameters | {"results_csv": self.csv})
+        per_point = {"results_csv": self.csv} | ({"figures_dir": f"{stem}_figures"} if figures else {})
+        params = yaml.safe_dump(point.parameters | per_point)
         # sys.executable runs papermill, and papermill runs the python3 kernel with its own sys.executable.
         cmd = [sys.executable, "-m", "papermill", notebook, self.running, "-y", params, "-k", "python3",
                "--cwd", os.path.dirname(notebook), "--no-progress-bar"]
@@ -265,6 +269,7 @@ def run_sweep(grid: Grid, jobs: int = 1, data_dir: str = "data", runs_dir: str =
         return []
     check_kernel()
     os.makedirs(run_dir, exist_ok=True)
+    figures = "figures_dir" in notebook_parameters(grid.notebook)
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # N kernels share the cores instead of fighting over them
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     failed, running = [], []
@@ -272,7 +277,7 @@ def run_sweep(grid: Grid, jobs: int = 1, data_dir: str = "data", runs_dir: str =
         try:
             while todo or running:
                 while todo and len(running) < jobs:
-                    running.append(_Run(grid, todo.pop(0), run_dir, env))
+                    running.append(_Run(grid, todo.pop(0), run_dir, env, figures))
                 for run in [r for r in running if r.proc.poll() is not None]:
                     running.remove(run)
                     error = run.finish(data_csv)

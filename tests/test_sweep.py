@@ -72,6 +72,7 @@ def data(directory):
         ({"parameters": {"x": 1}}, "x is in both parameters and grid"),
         ({"grid": {"z": [1]}}, "parameter 'z' is not in the parameters cell"),
         ({"parameters": {"results_csv": "a.csv"}}, "results_csv is set by the sweep"),
+        ({"parameters": {"point_id": "a"}}, "point_id is set by the sweep"),
     ],
 )
 def test_bad_grids_fail_fast_naming_the_key(tmp_path, spec, message):
@@ -103,6 +104,26 @@ def test_point_ids_are_readable_deterministic_and_unique(tmp_path):
 def test_jobs_must_be_at_least_one(tmp_path, capsys):
     assert main(["sweep", write_grid(tmp_path), "--jobs", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: jobs must be an integer >= 1")
+
+
+def test_a_notebook_that_takes_figures_dir_saves_each_points_figures_beside_its_notebook(tmp_path):
+    body = ("import os, pandas as pd\nos.makedirs(figures_dir, exist_ok=True)\n"
+            "open(os.path.join(figures_dir, 'f.png'), 'w').write(str(x))\n"
+            "pd.DataFrame({'figures_dir': [figures_dir]}).to_csv(results_csv, index=False)\n")
+    notebook = make_notebook(tmp_path / "figs.ipynb", 'x = 1\nresults_csv = ""\nfigures_dir = "default"')
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells[1].source = body
+    nbformat.write(nb, notebook)
+    with pytest.raises(ValueError, match="figures_dir is set by the sweep"):
+        sweep.load_grid(write_grid(tmp_path, notebook=notebook, parameters={"figures_dir": "elsewhere"}))
+    grid = sweep.load_grid(write_grid(tmp_path, notebook=notebook, parameters=None, grid={"x": [1, 2]}))
+    assert sweep.run_sweep(grid, **dirs(tmp_path)) == []
+    runs = tmp_path / "runs" / "demo"
+    for point in grid.points():  # figures_dir is per point, and not part of the point's id or its columns
+        folder = runs / f"{point.point_id}_figures"
+        assert (folder / "f.png").read_text() == str(point.parameters["x"])
+    assert sorted(data(tmp_path).figures_dir) == sorted(str(runs / f"{p.point_id}_figures") for p in grid.points())
+    assert not (tmp_path / "default").exists()  # the notebook's default folder was left alone
 
 
 @pytest.fixture(scope="module")
