@@ -52,6 +52,25 @@ def paired_difference(frame: pd.DataFrame, by, column: str, a, b, value: str, le
     return mean_ci(wide.assign(difference=wide[a] - wide[b]), by, "difference", level)
 
 
+def speedups(rows: pd.DataFrame, baseline: str, by=(), value: str = "tokens_per_s") -> pd.DataFrame:
+    """Each method's `value` over the baseline method's on the same prompt: one row per (by..., prompt_id, method
+    other than the baseline), column speedup. Ratios are paired per prompt, so `mean_ci(out, [*by, "method"],
+    "speedup")` is the speed-up's CI over prompts. Columns of `rows`: by..., prompt_id, method, value (a bench's rows).
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in [*by, "prompt_id", "method", value] if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows need columns {[*by, 'prompt_id', 'method', value]}; missing {missing}")
+    methods = list(pd.unique(rows["method"]))
+    if baseline not in methods:
+        raise ValueError(f"baseline must be one of the methods in rows {methods}, got {baseline!r}")
+    wide = rows.pivot_table(index=[*by, "prompt_id"], columns="method", values=value, sort=False)
+    ratios = wide.div(wide[baseline], axis=0).drop(columns=baseline)
+    long = ratios.reset_index().melt(id_vars=[*by, "prompt_id"], var_name="method", value_name="speedup")
+    # A prompt the baseline or the method did not run is no sample; methods keep the order of the rows.
+    return long.dropna(subset=["speedup"]).reset_index(drop=True)
+
+
 # ---- per-prompt runs of any method (notebooks 00, 01, 04, 05) ----------------------------------------------------
 
 

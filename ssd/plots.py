@@ -401,6 +401,32 @@ def wall_clock(frame: pd.DataFrame):
     return fig
 
 
+def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "prompt_set"):
+    """Per-prompt speed-up over `baseline` (bars, mean ± CI over prompts), one bar per method within each group (a
+    prompt set, say), and a dashed line at 1 = as fast as the baseline. Columns prompt_id, method, speedup and
+    `group` (None for one group): what `ssd.experiments.speedups` returns."""
+    _check(frame, ["prompt_id", "method", "speedup", *([group] if group else [])], "speedups")
+    frame = frame.assign(_group=frame[group].astype(str) if group else "")
+    groups, methods = _order(frame["_group"]), [str(m) for m in _order(frame["method"])]
+    frame = frame.assign(method=frame["method"].astype(str))
+    s = summarise(frame, ["_group", "method"], "speedup").set_index(["_group", "method"])
+    width = 0.8 / len(methods)
+    with _styled():
+        fig, ax = plt.subplots()
+        pal = colours(len(methods))
+        for i, method in enumerate(methods):
+            m = s.reindex(pd.MultiIndex.from_product([groups, [method]]))
+            x = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
+            ax.bar(x, m["mean"].to_numpy(float), width=width * 0.95, color=pal[i], alpha=0.9, label=method,
+                   yerr=m[["err_low", "err_high"]].to_numpy(float).T, capsize=4)
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{baseline} (= 1)")
+        ax.set_xticks(np.arange(len(groups)))
+        ax.set_xticklabels(groups)
+        ax.set(xlabel=group or "", ylabel=f"speed-up over {baseline}", title=f"Wall clock: speed-up over {baseline}")
+        ax.legend(title=f"method\n({CI_LABEL})", loc="upper left", bbox_to_anchor=(1.01, 1))  # clear of the bars
+    return fig
+
+
 # --- the text, coloured by role -------------------------------------------------------------------------------------
 
 def token_roles(rounds) -> list[str]:

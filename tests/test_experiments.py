@@ -96,6 +96,25 @@ def test_paired_difference_pairs_settings_per_prompt():
         experiments.paired_difference(frame, ["set"], "c", 0.5, 1.0, "hit_rate")
 
 
+
+def test_speedups_are_paired_ratios_per_prompt_over_the_baseline():
+    import pandas as pd
+
+    rows = pd.DataFrame({"set": ["x"] * 6 + ["y"] * 2, "prompt_id": [1, 2, 3] * 2 + [4, 4],
+                         "method": ["sd"] * 3 + ["ar"] * 3 + ["ar", "sd"],
+                         "tokens_per_s": [3.0, 4.0, 9.0, 2.0, 2.0, 3.0, 5.0, 4.0]})
+    out = experiments.speedups(rows, "ar", ["set"])
+    assert list(out.columns) == ["set", "prompt_id", "method", "speedup"] and set(out.method) == {"sd"}
+    assert out.set_index("prompt_id").speedup.to_dict() == {1: 1.5, 2: 2.0, 3: 3.0, 4: 0.8}
+    ci = experiments.mean_ci(out, ["set", "method"], "speedup").set_index("set")
+    assert ci.loc["x", "mean"] == pytest.approx(6.5 / 3) and ci.loc["x", "n"] == 3
+    # A prompt the baseline did not run is left out, not counted as a ratio of NaN.
+    assert len(experiments.speedups(rows.drop(index=3), "ar", ["set"])) == 3
+    with pytest.raises(ValueError, match="baseline must be one of the methods"):
+        experiments.speedups(rows, "hf-ar")
+    with pytest.raises(ValueError, match="missing \\['wall_s'\\]"):
+        experiments.speedups(rows, "ar", value="wall_s")
+
 def test_atomic_writes_leave_ordinary_file_permissions(tmp_path):
     import os
 

@@ -225,6 +225,26 @@ def test_wall_clock_order_and_prediction():
     assert not [ln for ln in fig.axes[0].get_lines() if "Theorem 7" in ln.get_label()]
 
 
+
+def test_speedups_bars_per_group_and_method_with_a_line_at_one():
+    rows = [{"prompt_set": s, "method": m, "prompt_id": f"{s}/{p}", "speedup": v + 0.1 * i}
+            for s, base in (("code", 1.0), ("prose", 0.5)) for m, v in (("sd", base + 0.2), ("ssd", base + 0.4))
+            for i, p in enumerate(PROMPTS)]
+    fig = plots.speedups(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [b.get_label() for b in bars] == ["sd", "ssd"]
+    mean = 0.1 * (len(PROMPTS) - 1) / 2
+    np.testing.assert_allclose([r.get_height() for r in bars[0]], [1.2 + mean, 0.7 + mean])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["code", "prose"]
+    assert len(errorbars(fig)) == 2
+    assert [ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_label() == "ar (= 1)"] == [1.0]
+    # One group: no group column needed.
+    one = pd.DataFrame(rows).query("prompt_set == 'code'").drop(columns="prompt_set")
+    assert len([c for c in plots.speedups(one, group=None).axes[0].containers if isinstance(c, BarContainer)]) == 2
+    with pytest.raises(ValueError, match="missing \\['speedup'\\]"):
+        plots.speedups(pd.DataFrame(rows).drop(columns="speedup"))
+
 # --- token roles ----------------------------------------------------------------------------------------------------
 
 def frame(*rounds):
