@@ -6,6 +6,7 @@ the next prompt starts, and the order of methods rotates from prompt to prompt s
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import time
@@ -113,6 +114,15 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[di
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
     return summary
+
+
+def load_rows(path: str) -> pd.DataFrame:
+    """The per-(method, prompt) rows of a bench result written by `python -m ssd bench --json PATH`."""
+    with open(path) as f:
+        result = json.load(f)
+    if not isinstance(result, dict) or "rows" not in result:
+        raise ValueError(f"{path} is not a bench result (a JSON object with 'rows'; write one with --json)")
+    return pd.DataFrame(result["rows"])
 
 
 def environment() -> dict:

@@ -70,6 +70,12 @@ def spec_bench(path: str | Path) -> list[Prompt]:
 SETS = {"humaneval": humaneval, "prose": prose}
 
 
+def prompt_set(prompt_id: str) -> str:
+    """The set a prompt id names before its first "/" ("HumanEval/3" -> "HumanEval", "prose/2" -> "prose"); an id
+    without one (a Spec-Bench question_id) is returned whole."""
+    return str(prompt_id).split("/", 1)[0]
+
+
 def load_prompts(spec: str) -> list[Prompt]:
     """Resolve a prompt-set spec (see the module docstring) to a list of prompts."""
     m = _SPEC.match(spec.strip())

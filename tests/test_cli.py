@@ -4,7 +4,7 @@ import json
 import pytest
 
 from ssd.cli import main
-from ssd.prompts import load_prompts
+from ssd.prompts import load_prompts, prompt_set
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,23 @@ def test_prompt_specs(tmp_path):
         load_prompts(str(path))
     with pytest.raises(ValueError, match="selects no prompt"):
         load_prompts("humaneval[500:]")
+    # The set a result row belongs to, read off its prompt id (notebook 06 groups the findings by it).
+    assert [prompt_set(p.id) for p in load_prompts("humaneval[0:1]") + load_prompts("prose[0:1]")] == [
+        "HumanEval", "prose"]
+    assert prompt_set("81") == "81"
+
+
+def test_a_bench_json_reads_back_as_its_rows(tmp_path):
+    from ssd.bench import load_rows
+
+    path = str(tmp_path / "bench.json")
+    argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", "prose[0:2]", "--max-new-tokens", "4",
+            "--temperature", "0", "--json", path]
+    assert main(argv) == 0
+    rows = load_rows(path)
+    assert sorted(zip(rows.prompt_id, rows.method)) == [("prose/0", "ar"), ("prose/0", "sd"), ("prose/1", "ar"),
+                                                        ("prose/1", "sd")]
+    assert rows.identical_to_target.all() and (rows.new_tokens == 4).all()
+    (tmp_path / "other.json").write_text('{"summary": []}')
+    with pytest.raises(ValueError, match="is not a bench result"):
+        load_rows(str(tmp_path / "other.json"))
