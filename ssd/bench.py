@@ -17,9 +17,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .decoding import DecodeConfig, generate_ar
+from .lossless import identity_report
+from .precision import capability
 from .methods import get_method
 from .prompts import encode
-from .theory import measured_theorem7
+from .theory import measured_theorem7, theorem7_from_profile
 from .trace import Trace
 
 # Each of ours next to the transformers peer that does the same job.
@@ -36,6 +38,9 @@ def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> t
         "new_tokens": len(tokens),
         "wall_s": wall,
         "tokens_per_s": len(tokens) / wall,
+        # The paper's measure: tokens over the time after the prompt's pass (None where a peer does not say).
+        "prefill_s": trace.prefill_s,
+        "decode_tokens_per_s": len(tokens) / trace.decode_s if trace.decode_s else None,
         "drafted": trace.drafted,
         "accepted": sum(r.accepted for r in trace.rounds),
         "rounds": len(trace.rounds),
@@ -52,10 +57,12 @@ def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
         run_one(method, pair, prompt_ids, short, seed=0)
 
 
-def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True) -> dict:
+def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
+              profile=None) -> dict:
     """Returns {"rows": [...], "summary": [...]}: one row per (method, prompt), one summary row per method.
 
-    config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields).
+    config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
+    latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it.
     """
     encoded = [(p.id, encode(pair.tokenizer, p)) for p in prompts]
     warm_up(pair, encoded[0][1], methods, config)
@@ -63,9 +70,9 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     rows, rounds = [], []
     bar = tqdm(total=len(encoded) * len(methods), desc="bench", disable=not progress)
     for i, (prompt_id, ids) in enumerate(encoded):
-        reference = None
+        reference = None  # AR's tokens and trace: what greedy output must equal, and AR's margins where it does not
         if greedy and "ar" not in methods:
-            reference, _ = generate_ar(pair, ids, config, torch.Generator().manual_seed(seed + i))
+            reference = generate_ar(pair, ids, config, torch.Generator().manual_seed(seed + i))
         for j in range(len(methods)):
             method = methods[(i + j) % len(methods)]
             bar.set_postfix_str(f"{prompt_id} {method}")
@@ -73,17 +80,22 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
             if trace.rounds:
                 rounds.append(trace.to_frame())
             if method == "ar":
-                reference = tokens
+                reference = tokens, trace
             rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), **row, "tokens": tokens})
             bar.update()
         for row in rows[-len(methods):]:
-            row["identical_to_target"] = row.pop("tokens") == reference if greedy else None
+            tokens = row.pop("tokens")
+            row.update(identity_report(tokens, reference[0], reference[1].rounds, pair.precisions.target) if greedy
+                       else {"identical_to_target": None})
     bar.close()
-    return {"rows": rows, "summary": summarize(pd.DataFrame(rows), pd.concat(rounds) if rounds else None)}
+    summary = summarize(pd.DataFrame(rows), pd.concat(rounds) if rounds else None, profile, config)
+    return {"rows": rows, "summary": summary}
 
 
-def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[dict]:
-    """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does)."""
+def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=None, config=None) -> list[dict]:
+    """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does);
+    decode tokens/s leaves out the prompts' passes (the paper's measure). With a profile and the run's config, the SSD
+    methods get Theorem 7 fed by the profile's latencies beside the one fed by their own rounds."""
     summary = []
     for method, g in rows.groupby("method", sort=False):
         drafted = g["drafted"].sum()
@@ -94,14 +106,19 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[di
                 "new_tokens": int(g["new_tokens"].sum()),
                 "wall_s": float(g["wall_s"].sum()),
                 "tokens_per_s": float(g["new_tokens"].sum() / g["wall_s"].sum()),
+                "decode_tokens_per_s": _decode_rate(g),
                 "acceptance_rate": float(g["accepted"].sum() / drafted) if drafted else None,
                 "mean_accepted": float(g["accepted"].sum() / g.loc[g["drafted"] > 0, "rounds"].sum()) if drafted else None,
                 "identical_to_target": bool(g["identical_to_target"].all()) if g["identical_to_target"].notna().all() else None,
+                **_differences(g),
             }
         )
     tps = {s["method"]: s["tokens_per_s"] for s in summary}
+    decode = {s["method"]: s["decode_tokens_per_s"] for s in summary}
     for s in summary:
         s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
+        s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / decode["ar"]
+                                     if decode.get("ar") and s["decode_tokens_per_s"] else None)
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
     for name in ("ssd", "ssd-pipeline"):
@@ -113,7 +130,31 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None) -> list[di
         ssd = next(s for s in summary if s["method"] == name)
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
+        if profile is not None and config is not None:
+            ssd.update(theorem7_from_profile(profile, config.k, config.budget, ssd["p_hit"], ssd["e_hit"],
+                                             ssd["e_miss"], config.backup))
+            if ssd["decode_tokens_per_s"]:
+                ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
     return summary
+
+
+def _differences(g: pd.DataFrame) -> dict:
+    """Greedy runs: the share of prompts identical to AR, and whether every difference sat at a near-tie."""
+    if g["identical_to_target"].isna().any():
+        return {}
+    out = {"identical_share": float(g["identical_to_target"].astype(bool).mean())}
+    differ = g[~g["identical_to_target"].astype(bool)]
+    if len(differ) and "near_tie" in g:
+        out["differences_at_near_ties"] = bool(differ["near_tie"].eq(True).all())
+        out["largest_margin_at_difference"] = float(differ["margin_at_difference"].max())
+    return out
+
+
+def _decode_rate(g: pd.DataFrame) -> float | None:
+    """Total new tokens over total wall time after the prompts' passes; None if a row did not time its prefill."""
+    if "prefill_s" not in g or g["prefill_s"].isna().any():
+        return None
+    return float(g["new_tokens"].sum() / (g["wall_s"] - g["prefill_s"]).sum())
 
 
 def load_rows(path: str) -> pd.DataFrame:
@@ -137,12 +178,14 @@ def environment() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "capability": capability(),  # the CPU's vector ISA and native reduced precisions: what auto decided from
     }
 
 
 def summary_table(summary: list[dict]) -> str:
-    columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_peer",
+    columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "decode_tokens_per_s",
+               "decode_speedup_vs_ar", "speedup_vs_peer",
                "acceptance_rate", "mean_accepted", "hit_rate", "t_p", "t_b", "predicted_speedup_vs_ar",
-               "identical_to_target"]
+               "profile_tokens_per_s", "decode_over_profile_prediction", "identical_share", "differences_at_near_ties"]
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
     return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")

@@ -1,4 +1,4 @@
-"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | models."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models."""
 from __future__ import annotations
 
 import argparse
@@ -6,24 +6,35 @@ import sys
 
 import torch
 
-from . import bench, course, experiments, sweep
+from . import bench, course, experiments, profile, sweep
+from .cores import check_cores
 from .files import write_csv, write_json
 from .methods import METHODS, get_method, parse_methods
 from .models import DEFAULT_PAIR, PAIRS, cache_dir, load_pair
+from .precision import CHOICES, capability_line, check_precision
 from .outcomes import STRATEGIES, check_strategy
 from .pipeline import PipelineConfig
 from .prompts import Prompt, encode, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
 
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
+def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", default=DEFAULT_PAIR,
                    help=f"a named offline pair ({', '.join(PAIRS)}) or two hub ids 'DRAFT,TARGET' (default {DEFAULT_PAIR})")
+    p.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
+    p.add_argument("--target-dtype", default="auto", help=f"{' | '.join(CHOICES)}: the target's precision; auto (the "
+                   "default) times the candidates once on this machine and keeps the faster verify pass (float32 is "
+                   "the exact reference)")
+    p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(CHOICES)}: the draft's precision (int8: int8 "
+                   "linear layers, CPU only); auto keeps the fastest one-token step")
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    add_pair_args(p)
     p.add_argument("-k", type=int, default=4, help="draft length K (default 4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     p.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator every draw uses (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     s = p.add_argument_group("SSD (method ssd)")
     s.add_argument("--budget", type=int, default=16, help="B, cached outcomes per round (default 16)")
@@ -74,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--data-dir", default="data", help="results go to DATA_DIR/NAME.csv (default data)")
     sw.add_argument("--runs-dir", default="runs", help="executed notebooks go to RUNS_DIR/NAME/ (default runs)")
 
+    pr = sub.add_parser("profile", help="latency curves of the pair at its precisions on the ranks' cores, with the "
+                        "memory floor; JSON and a figure")
+    add_pair_args(pr)
+    pr.add_argument("--verifier-cores", default="0", help="cores the target is timed on (default 0)")
+    pr.add_argument("--drafter-cores", default="1", help="cores the draft is timed on (default 1)")
+    pr.add_argument("--reps", type=int, default=3, help="timed forwards per point, after a warm-up (median; default 3)")
+    pr.add_argument("--json", default=None, help="write the profile here")
+    pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
+
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
     return parser
 
@@ -88,7 +108,16 @@ def setup(args) -> tuple[object, SSDConfig]:
         if args.threads < 1:
             raise ValueError(f"threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    return load_pair(args.pair, device=args.device), config
+    return load(args), config
+
+
+def load(args):
+    """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
+    check_precision(args.target_dtype, "target_dtype")  # bad input fails before minutes of loading
+    check_precision(args.draft_dtype, "draft_dtype")
+    pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
+    print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
+    return pair
 
 
 def cmd_generate(args) -> None:
@@ -109,8 +138,12 @@ def cmd_bench(args) -> None:
     methods = parse_methods(args.methods)
     prompts = load_prompts(args.prompts)
     pair, config = setup(args)
-    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed)
-    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(), **result}
+    latencies = None
+    if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
+        latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
+    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies)
+    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(),
+              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))
     if args.json:
         write_json(args.json, result)
@@ -161,6 +194,31 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> None:
+    if args.reps < 1:
+        raise ValueError(f"reps must be >= 1, got {args.reps}")
+    check_cores(args.verifier_cores, "verifier_cores")
+    check_cores(args.drafter_cores, "drafter_cores")
+    pair = load(args)
+    result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps)
+    frame = result.to_frame()
+    print(f"{pair.name}, {pair.precisions.label}; {capability_line(result.capability)}")
+    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}")
+    print(frame.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    for role in ("target", "draft"):
+        print(f"{role}: memory {result.bandwidth_gbs[role]:.1f} GB/s, a step reads {result.step_bytes[role] / 1e9:.2f} "
+              f"GB: floor {result.floor_ms(role):.0f} ms, measured {frame[frame.role == role].ms.iloc[0]:.0f} ms")
+    if args.json:
+        profile.save(result, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.figure:
+        from . import plots  # matplotlib only when a figure is asked for
+
+        fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
+        print(f"wrote {plots.save(fig, args.figure)}", file=sys.stderr)
+        plots.plt.close(fig)  # a command draws one figure; leave pyplot as it was
+
+
 def cmd_models(args) -> None:
     for name in PAIRS:
         print(f"{name}{' (default)' if name == DEFAULT_PAIR else ''}")
@@ -172,7 +230,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "sweep": cmd_sweep,
-                    "course": cmd_course, "models": cmd_models}
+                    "course": cmd_course, "profile": cmd_profile, "models": cmd_models}
         return commands[args.command](args) or 0
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)

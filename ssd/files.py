@@ -1,9 +1,11 @@
-"""Atomic writes: a reader never sees a half-written file, and an interrupted run leaves the old one in place."""
+"""Files: atomic writes (a reader never sees a half-written file, and an interrupted run leaves the old one in
+place), and the user cache folder where weights, precision decisions and latency profiles are kept."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import pathlib
 import tempfile
 
 import pandas as pd
@@ -39,3 +41,11 @@ def write_json(path: str, result: dict) -> None:
 def write_csv(frame: pd.DataFrame, path: str) -> None:
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
+
+
+def cache_dir() -> pathlib.Path:
+    """$SSD_CACHE_DIR if set, else $XDG_CACHE_HOME/ssd, else ~/.cache/ssd."""
+    if os.environ.get("SSD_CACHE_DIR"):
+        return pathlib.Path(os.environ["SSD_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base).expanduser() / "ssd"

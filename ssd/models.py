@@ -22,12 +22,17 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from .files import cache_dir
+from .precision import (AUTO_K, DTYPES, Precisions, candidates, capability, check_precision, choose, convert, decision_path,
+                        fixed, load_decision, save_decision, supported)
+from .profile import forward_ms
 
 DEFAULT_PAIR = "qwen2.5-coder"
 TINY_PAIR = "tiny"
@@ -51,6 +56,8 @@ class Pair:
     # What builds this pair again in another process (ssd.pipeline's drafter rank loads its own draft): a name for
     # load_pair / load_draft, or a picklable zero-argument callable returning the same Pair. None: unknown.
     source: object = None
+    # What each model runs at and why (ssd.precision); recorded with every measurement.
+    precisions: Precisions = field(default_factory=lambda: fixed("float32", "float32", why="loaded as given"))
 
     def __post_init__(self):
         # Speculative sampling compares the two models' distributions index by index: one vocabulary or nothing.
@@ -118,32 +125,119 @@ def _ready(model, device):
 # load_pair: the one entry point
 
 
-def load_pair(name: str = DEFAULT_PAIR, *, dtype=torch.float32, device="cpu", progress=True) -> Pair:
-    """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID"."""
+def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="auto", device="cpu",
+              progress=True) -> Pair:
+    """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
+
+    target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers) or auto, the precision
+    that makes speculation pay on this machine (ssd.precision; tiny pairs, the tests' exact reference, stay float32).
+    pair.precisions records what was chosen and why.
+    """
+    precisions = _precisions(name, target_dtype, draft_dtype, device, progress)
     if name in PAIRS:
-        pair = _load_registered(name, PAIRS[name], dtype, device, progress)
+        pair = _load_registered(name, PAIRS[name], precisions, device, progress)
     elif name == TINY_PAIR:
         pair = tiny_pair()
-        pair.draft, pair.target = (_ready(m.to(dtype), device) for m in (pair.draft, pair.target))
+        pair.draft = convert(_ready(pair.draft, device), precisions.draft, "draft_dtype")
+        pair.target = convert(_ready(pair.target, device), precisions.target, "target_dtype")
     else:
         ids = _hub_ids(name)
-        if ids is None:
-            raise ValueError(_unknown_pair(name, "pair"))
-        pair = _load_hub_pair(ids[0], ids[1], dtype, device)
-    pair.source = name
+        pair = _load_hub_pair(ids[0], ids[1], precisions, device)
+    pair.source, pair.precisions = name, precisions
     return pair
 
 
-def load_draft(name: str, *, dtype=torch.float32, device="cpu", progress=True) -> transformers.PreTrainedModel:
-    """The draft model load_pair(name) would load, alone: what a drafter on its own device needs."""
+def load_draft(name: str, *, precision="float32", device="cpu", progress=True) -> transformers.PreTrainedModel:
+    """The draft model load_pair(name) would load, alone, at a given precision (or auto): what a drafter on its own
+    device needs."""
+    precision = check_precision(precision, "draft_dtype")
+    if precision == "auto":  # decided on this machine (a drafter on another host decides for its own)
+        precision = _precisions(name, "auto", "auto", device, progress).draft
     if name in PAIRS:
-        return _load_cached(PAIRS[name].draft, dtype, device, progress)[0]
+        return _load_cached(PAIRS[name].draft, precision, device, progress)[0]
     if name == TINY_PAIR:
-        return _ready(tiny_pair().draft.to(dtype), device)
+        return convert(_ready(tiny_pair().draft, device), precision, "draft_dtype")
     ids = _hub_ids(name)
     if ids is None:
         raise ValueError(_unknown_pair(name, "pair"))
-    return _ready(_load_hub_model(ids[0], dtype)[0], device)
+    return _at_precision(_load_hub_model(ids[0], _load_dtype(precision))[0], precision, device)
+
+
+def _load_dtype(precision: str) -> torch.dtype:
+    """The dtype to load weights in: a float precision loads as such; int8 loads float32, then quantizes."""
+    return DTYPES.get(precision, torch.float32)
+
+
+def _at_precision(model, precision: str, device):
+    """A model loaded in _load_dtype(precision), ready at that precision on this device. One copy of the weights is
+    ever cached on disk (float32); every precision is made from it at load time."""
+    model = _ready(model, device)
+    return convert(model, precision) if precision == "int8" else model
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Precisions: as asked, or auto (ssd.precision), measured once per machine and pair and kept in the user cache
+
+
+def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Precisions:
+    check_pair_name(name)
+    asked = {"target": check_precision(target_dtype, "target_dtype"),
+             "draft": check_precision(draft_dtype, "draft_dtype")}
+    for role, precision in asked.items():
+        if precision != "auto" and not supported(precision, device):
+            raise ValueError(f"{role}_dtype={precision} is not supported on {device}: int8 runs on CPUs only "
+                             "(torch's dynamic quantization); use bfloat16 or float16 there")
+    cap = capability()
+    if "auto" not in asked.values():
+        return fixed(asked["target"], asked["draft"], cap)
+    if name == TINY_PAIR:
+        auto = fixed("float32", "float32", cap, why="auto on a tiny random pair (the tests' exact reference)")
+    else:
+        auto = _auto(name, device, cap, progress)
+    if asked["target"] == asked["draft"] == "auto":
+        return auto
+    chosen = {role: auto.target if role == "target" else auto.draft for role in asked}
+    chosen.update({role: p for role, p in asked.items() if p != "auto"})
+    why = "; ".join(f"{role} {chosen[role]} ({'as asked' if asked[role] != 'auto' else 'auto'})" for role in asked)
+    return Precisions(chosen["target"], chosen["draft"], f"{why}. {auto.reason}", cap, auto.measured_ms)
+
+
+def _auto(name: str, device, cap: dict, progress) -> Precisions:
+    """Time each candidate precision once (one thread, context 128) and keep the decision in the user cache."""
+    path = decision_path(cache_dir(), name, device, cap)
+    decision = load_decision(path)
+    if decision is not None:
+        return decision
+    _log(progress, f"auto precision: timing {name} at each candidate precision once on this machine (about a "
+                   "minute; kept in the cache)")
+    ms = {"target": {}, "draft": {}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a pipeline rank runs, and steadier than a shared pool
+    try:
+        for role in ("draft", "target"):  # the draft first: it is the smaller, so a bad name fails sooner
+            for precision in candidates(role, device, cap):
+                model = _load_role(name, role, precision, device)
+                ms[role][precision] = forward_ms(model, precision_tokens(role))
+                del model
+    finally:
+        torch.set_num_threads(threads)
+    decision = choose(ms["target"], ms["draft"], cap)
+    save_decision(path, decision)
+    _log(progress, decision.reason)
+    return decision
+
+
+def precision_tokens(role: str) -> int:
+    """What auto times: the target's verify pass over K + 1 tokens, the draft's one-token step."""
+    return AUTO_K + 1 if role == "target" else 1
+
+
+def _load_role(name: str, role: str, precision: str, device):
+    if name in PAIRS:
+        spec = PAIRS[name].target if role == "target" else PAIRS[name].draft
+        return _load_cached(spec, precision, device, progress=False)[0]
+    model_id = _hub_ids(name)[0 if role == "draft" else 1]
+    return _at_precision(_load_hub_model(model_id, _load_dtype(precision))[0], precision, device)
 
 
 def check_pair_name(name, parameter: str = "pair") -> None:
@@ -199,14 +293,6 @@ PAIRS: dict[str, PairSpec] = {
         extra_eos_tokens=("<|im_end|>", "<|endoftext|>"),
     ),
 }
-
-
-def cache_dir() -> pathlib.Path:
-    """$SSD_CACHE_DIR if set, else $XDG_CACHE_HOME/ssd, else ~/.cache/ssd."""
-    if os.environ.get("SSD_CACHE_DIR"):
-        return pathlib.Path(os.environ["SSD_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base).expanduser() / "ssd"
 
 
 def _log(progress: bool, message: str) -> None:
@@ -348,18 +434,19 @@ def _install(out: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec) -> None:
     os.replace(out, folder)
 
 
-def _load_cached(spec: GGUFSpec, dtype, device, progress):
+def _load_cached(spec: GGUFSpec, precision, device, progress):
+    precision = check_precision(precision, "dtype", allow_auto=False)
     folder = ensure_cached(spec, progress)
-    _log(progress, f"loading {spec.name} from {folder}")
+    _log(progress, f"loading {spec.name} from {folder} ({precision})")
     with _transformers_bars(progress):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=_load_dtype(precision))
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return _ready(model, device), tokenizer
+    return _at_precision(model, precision, device), tokenizer
 
 
-def _load_registered(name: str, spec: PairSpec, dtype, device, progress) -> Pair:
-    target, target_tok = _load_cached(spec.target, dtype, device, progress)
-    draft, draft_tok = _load_cached(spec.draft, dtype, device, progress)
+def _load_registered(name: str, spec: PairSpec, precisions: Precisions, device, progress) -> Pair:
+    target, target_tok = _load_cached(spec.target, precisions.target, device, progress)
+    draft, draft_tok = _load_cached(spec.draft, precisions.draft, device, progress)
     check_same_tokenizer(draft_tok, target_tok, spec.draft.name, spec.target.name)
     check_same_vocab_size(draft, target, spec.draft.name, spec.target.name)
     return Pair(draft, target, target_tok, name, eos_ids(target, target_tok, spec.extra_eos_tokens))
@@ -399,13 +486,13 @@ def _load_hub_model(model_id: str, dtype):
     return model, tokenizer
 
 
-def _load_hub_pair(draft_id: str, target_id: str, dtype, device) -> Pair:
-    draft, draft_tok = _load_hub_model(draft_id, dtype)
-    target, target_tok = _load_hub_model(target_id, dtype)
+def _load_hub_pair(draft_id: str, target_id: str, precisions: Precisions, device) -> Pair:
+    draft, draft_tok = _load_hub_model(draft_id, _load_dtype(precisions.draft))
+    target, target_tok = _load_hub_model(target_id, _load_dtype(precisions.target))
     check_same_tokenizer(draft_tok, target_tok, draft_id, target_id)
     check_same_vocab_size(draft, target, draft_id, target_id)
-    return Pair(_ready(draft, device), _ready(target, device), target_tok, f"{draft_id}->{target_id}",
-                eos_ids(target, target_tok))
+    draft, target = _at_precision(draft, precisions.draft, device), _at_precision(target, precisions.target, device)
+    return Pair(draft, target, target_tok, f"{draft_id}->{target_id}", eos_ids(target, target_tok))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ for k < K and P(K) = a_p^K; ``calibrated``: geometric with a_p and r estimated o
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,16 +140,38 @@ def fan_out(strategy: str, budget: int, k: int, *, a_p: float = 0.6, r: float = 
 
 
 def ranked(logits: torch.Tensor, exclude: int | None = None) -> torch.Tensor:
-    """Token ids from most to least likely under the draft (ties by lower id), without `exclude`."""
+    """Token ids from most to least likely under the draft (ties by lower id), without `exclude`. Sorts the whole
+    vocabulary: for analyses; the decoding loop needs only `candidates` and `rank_of`, which do not."""
     order = torch.sort(logits, descending=True, stable=True).indices
     return order[order != exclude] if exclude is not None else order
 
 
 def candidates(logits: torch.Tensor, f: int, exclude: int | None = None) -> list[int]:
-    """The top-f tokens at a position: the t* values the cache prepares for."""
-    return ranked(logits, exclude)[:f].tolist()
+    """The top-f tokens at a position (ties by lower id, `exclude` left out): the t* values the cache prepares for.
+
+    The first f of ``ranked(logits, exclude)``, found without sorting the vocabulary: every token at least as likely
+    as the (f + 1)-th best is gathered (ascending ids), and only those are sorted, stably.
+    """
+    if f <= 0:
+        return []
+    n = min(f + (exclude is not None), logits.shape[-1])
+    kth = torch.topk(logits, n).values[-1]
+    ids = (logits >= kth).nonzero().squeeze(-1)  # [M] ascending ids, M >= n (more where the boundary value ties)
+    ids = ids[torch.sort(logits[ids], descending=True, stable=True).indices]
+    if exclude is not None:
+        ids = ids[ids != exclude]
+    return ids[:f].tolist()
 
 
 def rank_of(token: int, logits: torch.Tensor, exclude: int | None = None) -> int:
-    """1-based rank of token among the candidates: the outcome is a hit at fan-out F iff rank <= F."""
-    return int((ranked(logits, exclude) == token).nonzero()[0]) + 1
+    """1-based rank of token among the candidates: the outcome is a hit at fan-out F iff rank <= F.
+
+    Its position in ``ranked(logits, exclude)``, counted without a sort: the tokens ahead of it are the more likely
+    ones and the equally likely ones of lower id, less `exclude` if it is among them.
+    """
+    value = logits[token]
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    ahead = (logits > value) | ((logits == value) & (ids < token))
+    if exclude is not None:
+        ahead[exclude] = False
+    return int(ahead.sum()) + 1

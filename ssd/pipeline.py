@@ -50,8 +50,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .cores import available_cores, check_cores, parse_cores, pin, pinned
 from .decoding import Verifier, check_prompt
 from .models import check_pair_name, load_draft
+from .precision import convert, precision_of
 from .sampling import one_hot, uniforms
 from .ssd import SSDConfig, Speculator, check_ssd_config, round_uniforms, truncate
 from .trace import PipelineRound, Trace
@@ -83,58 +85,6 @@ class PipelineConfig(SSDConfig):
 def check_seconds(value, name: str) -> None:
     if not (isinstance(value, (int, float)) and value > 0):
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-# ---- cores ---------------------------------------------------------------------------------------------------------
-
-
-def parse_cores(spec, name: str) -> list[int]:
-    """'0', '0,2', '0-3' or '0-1,4' -> the sorted core ids; a ValueError naming the parameter for anything else."""
-    cores = set()
-    for part in str(spec).split(","):
-        lo, dash, hi = part.strip().partition("-")
-        hi = hi if dash else lo
-        if not (lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
-            raise ValueError(f"{name} must list CPU cores such as '0', '0,1' or '0-3'; got {spec!r}")
-        cores.update(range(int(lo), int(hi) + 1))
-    return sorted(cores)
-
-
-def available_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def check_cores(spec, name: str) -> list[int]:
-    """parse_cores, and every core must be one this process may run on."""
-    cores, allowed = parse_cores(spec, name), available_cores()
-    missing = [c for c in cores if c not in allowed]
-    if missing:
-        raise ValueError(f"{name}={spec!r} names cores {missing} that this machine does not offer; it has {allowed}")
-    return cores
-
-
-def pin(cores: list[int]) -> None:
-    """Run this thread, and the threads it starts from now on, on these cores with one torch thread per core."""
-    if hasattr(os, "sched_setaffinity"):  # Linux; elsewhere only the thread count applies
-        os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
-
-
-@contextlib.contextmanager
-def pinned(cores: list[int]):
-    """pin for one call: the caller's cores and thread count come back after (the bench's other methods, a notebook's
-    other cells). torch threads started earlier keep their cores; with one core per rank there are none."""
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    threads = torch.get_num_threads()
-    pin(cores)
-    try:
-        yield
-    finally:
-        if affinity is not None:
-            os.sched_setaffinity(0, affinity)
-        torch.set_num_threads(threads)
 
 
 # ---- the link ------------------------------------------------------------------------------------------------------
@@ -256,9 +206,10 @@ def speculate(channel: Channel, draft_model, start: dict) -> None:
         speculator.prespeculate(block, u_draft, f_next)  # meanwhile the verifier verifies this round's draft
         t1 = time.perf_counter()
         outcome, _ = channel.recv("outcome", timeout_s=timeout_s, doing=f"waiting for the outcome of round {i}")
+        t2 = time.perf_counter()  # draft_s counts the lookup and the backup, not the wait for the outcome
         block, hit, rank, backup = speculator.advance(block, tuple(outcome["outcome"]), draft_len, u_draft, f_next,
                                                       last=outcome["done"])
-        previous = {"prespec_s": t1 - t0, "draft_s": time.perf_counter() - t1, "hit": hit, "rank": rank,
+        previous = {"prespec_s": t1 - t0, "draft_s": time.perf_counter() - t2, "hit": hit, "rank": rank,
                     "backup": backup}
         if outcome["done"]:
             channel.send({"kind": "report", "previous": previous}, timeout_s=timeout_s, doing="sending the last report")
@@ -275,14 +226,14 @@ def serve(channel: Channel, draft_model) -> None:
         speculate(channel, draft_model, start)
 
 
-def _load_draft(source, dtype, device):
+def _load_draft(source, precision: str, device):
     if isinstance(source, str):
-        return load_draft(source, dtype=dtype, device=device, progress=False)
-    return source().draft.to(device=device, dtype=dtype)  # a factory (tests): it builds the whole tiny pair
+        return load_draft(source, precision=precision, device=device, progress=False)
+    return convert(source().draft.to(device), precision, "draft_dtype")  # a factory (tests): it builds a whole pair
 
 
-def run_drafter(store, source, *, cores: str, device, backend: str, dtype=torch.float32, peer_gone=lambda: None,
-                load_timeout_s: float = 600.0) -> None:
+def run_drafter(store, source, *, cores: str, device, backend: str, precision: str = "float32",
+                peer_gone=lambda: None, load_timeout_s: float = 600.0) -> None:
     """All of rank 1's life: pin, join the group, load the draft, report ready, serve until told to stop."""
     pin(check_cores(cores, "drafter_cores"))
     device = torch.device(device)
@@ -291,9 +242,10 @@ def run_drafter(store, source, *, cores: str, device, backend: str, dtype=torch.
     store.set(JOINED_KEY, str(os.getpid()))
     channel = init_group(backend, store, 1, device, load_timeout_s)
     channel.peer_gone = peer_gone
-    draft = _load_draft(source, dtype, device)
+    draft = _load_draft(source, precision, device)
     ready = {"kind": "ready", "vocab_size": draft.config.vocab_size, "host": socket.gethostname(), "pid": os.getpid(),
-             "device": str(device), "cores": available_cores(), "threads": torch.get_num_threads()}
+             "device": str(device), "cores": available_cores(), "threads": torch.get_num_threads(),
+             "precision": precision_of(draft)}
     channel.send(ready, timeout_s=load_timeout_s, doing="reporting that the draft is loaded")
     serve(channel, draft)
     # Only after a clean stop: after an error the link must stay up until the error is in the store, and the exit
@@ -311,7 +263,7 @@ def _report_failure(store) -> int:
     return 1
 
 
-def _drafter_process(port: int, source, cores: str, device: str, backend: str, dtype, parent_pid: int) -> None:
+def _drafter_process(port: int, source, cores: str, device: str, backend: str, precision: str, parent_pid: int) -> None:
     """Rank 1 as Pipeline spawns it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then ends this process
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
@@ -320,20 +272,22 @@ def _drafter_process(port: int, source, cores: str, device: str, backend: str, d
         return "the verifier process is gone" if os.getppid() != parent_pid else None
 
     try:
-        run_drafter(store, source, cores=cores, device=device, backend=backend, dtype=dtype, peer_gone=parent_gone)
+        run_drafter(store, source, cores=cores, device=device, backend=backend, precision=precision,
+                    peer_gone=parent_gone)
     except BaseException:
         code = _report_failure(store if not parent_gone() else None)
         os._exit(code)  # at once: the parent learns the exit code as soon as the link breaks
 
 
-def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", dtype=torch.float32,
+def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision: str = "float32",
                    load_timeout_s: float = 600.0) -> int:
     """Rank 1 of a torchrun job (or of RANK=1 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=...): serve until rank 0 is
-    done. source: a pair name (loads only its draft) or a picklable factory returning a Pair. Returns the exit code."""
+    done. source: a pair name (loads only its draft) or a picklable factory returning a Pair; precision: the draft's
+    (auto decides on this rank's own machine). Returns the exit code."""
     store = env_store(1, load_timeout_s)
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     try:
-        run_drafter(store, source, cores=drafter_cores, device=device, backend=backend, dtype=dtype,
+        run_drafter(store, source, cores=drafter_cores, device=device, backend=backend, precision=precision,
                     load_timeout_s=load_timeout_s)
     except BaseException:
         return _report_failure(store)
@@ -382,6 +336,11 @@ class Pipeline:
         draft_device = torch.device(draft_device)
         backend = "nccl" if self.device.type == "cuda" and draft_device.type == "cuda" else "gloo"
         self.process = self.store = self.channel = None
+        # A drafter spawned on this machine's CPU is idle during the prompt's pass: that pass takes both ranks' cores.
+        # A drafter on a GPU or another host leaves the verifier its own cores only.
+        local = rank is None and draft_device.type == "cpu"
+        self.prefill_cores = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))
+                                    if local else self.verifier_cores)
         self.drafter: dict | None = None  # what rank 1 reported when ready: host, pid, device, cores, threads
         _open.add(self)
         with self._end_both_on_error():
@@ -402,7 +361,7 @@ class Pipeline:
         context = mp.get_context("spawn")  # a fresh interpreter: fork would copy the target and torch's thread pool
         process = context.Process(
             target=_drafter_process, name="ssd-drafter", daemon=True,
-            args=(self.store.port, source, cores, str(draft_device), backend, self.pair.draft.dtype, os.getpid()))
+            args=(self.store.port, source, cores, str(draft_device), backend, self.pair.precisions.draft, os.getpid()))
         process.start()
         self.process = process
         # Join the group only once the drafter is up: init_process_group blocks without watching the process.
@@ -441,16 +400,25 @@ class Pipeline:
         trace = Trace("ssd-pipeline", prompt_len=len(prompt_ids))
         with self._end_both_on_error(), pinned(self.verifier_cores):
             start = time.perf_counter()
+            # The prompt's pass is the longest of a call and the drafter has nothing to do yet: it takes the drafter's
+            # cores too where they are this machine's. (Run side by side with the drafter's own prompt pass, the two
+            # slowed each other more than the drafter's short pass costs when it follows.)
+            with pinned(self.prefill_cores):
+                verifier.target.prefill(verifier.tokens)
+            trace.prefill_s = time.perf_counter() - start
+            self._start(verifier, config, generator)
             self._rounds(verifier, config, generator, trace)
             trace.wall_s = time.perf_counter() - start
         return verifier.new, trace
 
+    def _start(self, verifier: Verifier, config: SSDConfig, generator: torch.Generator) -> None:
+        start = {"kind": "start", "prompt_ids": verifier.tokens, "config": config, "generator": generator.get_state(),
+                 "draft_len": verifier.draft_len(), "vocab_size": self.pair.vocab_size, "timeout_s": self.timeout_s}
+        self.channel.send(start, timeout_s=self.timeout_s, doing="sending the prompt")
+        uniforms(config.k, generator)  # the first draft's uniforms: the drafter draws them from its copy
+
     def _rounds(self, verifier: Verifier, config: SSDConfig, generator: torch.Generator, trace: Trace) -> None:
         link, timeout_s, vocab_size = self.channel, self.timeout_s, self.pair.vocab_size
-        start = {"kind": "start", "prompt_ids": verifier.tokens, "config": config, "generator": generator.get_state(),
-                 "draft_len": verifier.draft_len(), "vocab_size": vocab_size, "timeout_s": timeout_s}
-        link.send(start, timeout_s=timeout_s, doing="sending the prompt")
-        uniforms(config.k, generator)  # the first draft's uniforms: the drafter draws them from its copy
         draft, q = link.recv("draft", timeout_s=timeout_s, doing="waiting for the first draft")
         done, i = False, 0
         while not done:
@@ -613,7 +581,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if rank == 1:
-        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device)
+        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
     try:
         return cli.main(argv)
     finally:

@@ -427,6 +427,40 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
     return fig
 
 
+# --- latency profile -----------------------------------------------------------------------------------------------
+
+def latency_profile(frame: pd.DataFrame, title: str = ""):
+    """Two panels: the target's pass time against the tokens verified, the draft's forward time against branch rows,
+    one line per label (e.g. "target bfloat16, draft int8"), each label's memory floor of a
+    one-token step dashed in its colour, and the ratio to that one-token step written at the last point. Columns
+    label, role (target | draft), n, ms, ratio, floor_ms: `ssd.profile.Profile.to_frame()` with a label."""
+    _check(frame, ["label", "role", "n", "ms", "ratio", "floor_ms"], "latency_profile")
+    labels = _order(frame["label"])
+    with _styled():
+        fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.5))
+        pal = colours(len(labels))
+        for ax, role, xlabel in ((axes[0], "target", "tokens in one verify pass (K + 1)"),
+                                 (axes[1], "draft", "branch rows in one pre-speculation forward (B)")):
+            for colour, label in zip(pal, labels):
+                g = frame[(frame["label"] == label) & (frame["role"] == role)].sort_values("n")
+                if g.empty:
+                    continue
+                ax.plot(g["n"], g["ms"], "o-", color=colour, label=str(label))
+                ax.axhline(g["floor_ms"].iloc[0], color=colour, linestyle=":", linewidth=1.2)
+                last = g.iloc[-1]
+                ax.annotate(f"{last['ratio']:.1f}x", (last["n"], last["ms"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=9, color=colour)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_ylim(bottom=0)
+            ax.set(xlabel=xlabel, ylabel="ms per forward", title=f"{role}")
+            ax.legend(title="dotted: memory floor of one step", fontsize=8, title_fontsize=8)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
 # --- the text, coloured by role -------------------------------------------------------------------------------------
 
 def token_roles(rounds) -> list[str]:

@@ -248,6 +248,9 @@ def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
     trace = Trace("ssd", prompt_len=len(prompt_ids))
     start = time.perf_counter()
+    verifier.target.prefill(prompt_ids)
+    speculator.draft.prefill(prompt_ids)
+    trace.prefill_s = time.perf_counter() - start
     block = speculator.backup(uniforms(config.k, generator), speculator.fan_out())
     done = False
     while not done:

@@ -49,3 +49,21 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
     out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"])
     out["predicted_speedup_vs_ar"] = out["tokens_per_verify"] * ar_step_s / verify_s if ar_step_s else None
     return out
+
+
+def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: float, e_miss: float,
+                          backup: str = "jit") -> dict:
+    """Theorem 7 with its latencies read off a latency profile (ssd.profile) instead of the run's own rounds.
+
+    One round's verify pass is the target's pass over K + 1 tokens on the verifier's cores; pre-speculation is SSD's
+    glue step (one row) and K tree forwards over B branch rows on the drafter's cores (T_p); a jit backup is K
+    one-token draft steps (T_b), a fast backup costs nothing. The hit rate and tokens per round come from the run.
+    Returns T_p, T_b, tokens per verify pass and the steady-state tokens/s they predict (no prompt pass included:
+    hold it against decode tokens/s).
+    """
+    verify_ms = profile.target_at(k + 1)
+    t_p = (profile.draft_at(1) + k * profile.draft_at(max(budget, 1))) / verify_ms
+    t_b = k * profile.draft_at(1) / verify_ms if backup == "jit" else 0.0
+    per_verify = theorem7_speedup(p_hit, e_hit, e_miss, t_p, t_b)
+    return {"profile_t_p": t_p, "profile_t_b": t_b, "profile_tokens_per_verify": per_verify,
+            "profile_tokens_per_s": per_verify / verify_ms * 1000}

@@ -19,6 +19,10 @@ class Round:
     new_tokens: int  # tokens this round added to the output (k + 1, less if EOS or max_new_tokens cut it)
     draft_s: float  # wall time of the draft phase
     verify_s: float  # wall time of the target pass and the accept/reject step
+    # AR only: the target's largest logit and its lead over the second. A small margin is a near-tie, where another
+    # way of computing the same logits (a pass over K + 1 tokens, a reduced precision) may pick the other token.
+    top_logit: float | None = None
+    margin: float | None = None
 
 
 @dataclass
@@ -51,6 +55,12 @@ class Trace:
     prompt_len: int
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0  # whole call, prompt processing included
+    prefill_s: float | None = None  # of which the prompt's pass before the first round (None: not measured apart)
+
+    @property
+    def decode_s(self) -> float | None:
+        """Wall time after the prompt's pass: what decode tokens/s (the paper's measure) is over."""
+        return self.wall_s - self.prefill_s if self.prefill_s is not None else None
 
     @property
     def new_tokens(self) -> int:

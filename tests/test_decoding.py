@@ -60,15 +60,18 @@ def test_sd_stops_at_eos_like_the_target(pairs):
 def test_the_prompt_is_encoded_once_and_rejected_tokens_are_rolled_back(pairs):
     pair = pairs[0.4]
     fed = []
-    hook = pair.target.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    # The backbone sees every token fed, whether the head scores it (a round) or not (the prompt's pass).
+    hook = pair.target.base_model.register_forward_pre_hook(
+        lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
         prompt = random_prompts(1, pair.vocab_size, seed=5)[0]
         _, trace = run(generate_sd, pair, prompt, k=4, max_new_tokens=40)
     finally:
         hook.remove()
     assert trace.acceptance_rate < 1  # there were rejections to roll back
-    # Round 0 feeds the prompt and the drafts; every later round only the token appended last round and the drafts.
-    assert fed == [len(prompt) + trace.rounds[0].draft_len] + [1 + r.draft_len for r in trace.rounds[1:]]
+    # The prompt's pass feeds all of the prompt but its last token; round 0 that token and the drafts; every later
+    # round only the token appended last round and the drafts.
+    assert fed == [len(prompt) - 1] + [1 + r.draft_len for r in trace.rounds]
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(pairs):

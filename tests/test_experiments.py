@@ -62,7 +62,7 @@ def test_ap_sensitivity_has_a_row_per_prompt_and_assumed_a_p_plus_uniform(pair, 
 def test_greedy_identical_reports_identity_per_prompt_and_method(pair, prompts):
     frame = greedy_identical(pair, prompts, ["sd", "ssd"], SSDConfig(k=3, max_new_tokens=10, budget=4),
                              progress=False)
-    assert len(frame) == 2 * len(prompts) and frame.identical.all() and frame.first_difference.isna().all()
+    assert len(frame) == 2 * len(prompts) and frame.identical_to_target.all() and frame.first_difference.isna().all()
     with pytest.raises(ValueError, match="temperature must be 0"):
         greedy_identical(pair, prompts, ["sd"], DecodeConfig(temperature=0.5))
 

@@ -278,7 +278,7 @@ def test_registered_pair_loads_through_the_cache(tmp_path, monkeypatch):
     spec = models.PairSpec(shipped_spec(tmp_path, monkeypatch, tiny.draft, "d"),
                            shipped_spec(tmp_path, monkeypatch, tiny.target, "t"), extra_eos_tokens=("<|endoftext|>",))
     monkeypatch.setitem(models.PAIRS, "fake-pair", spec)
-    pair = load_pair("fake-pair", progress=False)
+    pair = load_pair("fake-pair", target_dtype="float32", draft_dtype="float32", progress=False)
     assert (pair.name, pair.vocab_size, pair.max_context) == ("fake-pair", 16, 256)
     assert pair.eos_token_ids == (TOKENS.index("<|im_end|>"), TOKENS.index("<|endoftext|>"))
     x = random_contexts(n=4)

@@ -125,6 +125,21 @@ def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
     assert 0 < predicted["p_hit"] < 1 and predicted["t_p"] > 0 and predicted["tokens_per_verify"] > 0
 
 
+def test_the_drafter_loads_its_draft_at_the_pairs_precision():
+    """A pair whose draft is int8: the spawned drafter loads its own draft at int8 too, so the pipeline makes the same
+    decisions as one-process SSD on that pair, and the target's tokens."""
+    close_pipelines()
+    pair = load_pair("tiny", draft_dtype="int8")
+    cfg = SSDConfig(k=3, max_new_tokens=20, budget=4)
+    prompt = [1, 2, 3, 1, 2]
+    with Pipeline(pair, verifier_cores=VERIFIER, drafter_cores=DRAFTER, timeout_s=30) as pipeline:
+        assert pipeline.drafter["precision"] == "int8"
+        tokens, trace = pipeline.generate(prompt, cfg, torch.Generator().manual_seed(0))
+    assert tokens == generate_ar(pair, prompt, cfg, torch.Generator())[0]
+    assert records(trace) == records(generate_ssd(pair, prompt, cfg, torch.Generator().manual_seed(0))[1])
+    assert 0 < trace.prefill_s < trace.wall_s  # the prompt's pass is timed apart from the rounds
+
+
 def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     cfg = config(k=3, max_new_tokens=8, budget=4)
     pipeline = pipeline_for(pair, cfg)

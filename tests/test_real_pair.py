@@ -1,4 +1,5 @@
-"""The real qwen2.5-coder pair, where realism matters: lossless greedy SD and the peers, on HumanEval prompts."""
+"""The real qwen2.5-coder pair in float32, where realism matters: lossless greedy SD and the peers, on HumanEval
+prompts. (test_real_precision.py: the same pair at reduced precision.)"""
 import os
 
 import pytest
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.real
 def pair():
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count())  # conftest keeps tiny models on one thread; real ones use every core
-    yield load_pair("qwen2.5-coder", progress=False)
+    yield load_pair("qwen2.5-coder", target_dtype="float32", draft_dtype="float32", progress=False)  # exact reference
     torch.set_num_threads(threads)
 
 

@@ -66,10 +66,15 @@ def test_bench_summary_ratios_and_ssd_prediction():
             "accepted": [0, 6, 0, 6],
             "rounds": [10, 4, 0, 4],
             "identical_to_target": [True, True, True, True],
+            "prefill_s": [1.0, 1.5, None, 1.0],  # transformers' generate does not time its prompt pass apart
         }
     )
     summary = {s["method"]: s for s in summarize(rows, rounds_frame())}
     assert summary["sd"]["speedup_vs_ar"] == pytest.approx(1.25)
+    # decode tokens/s: over the time after the prompt's pass (ar 10 / 4 s, sd 10 / 2.5 s)
+    assert summary["sd"]["decode_tokens_per_s"] == pytest.approx(4.0)
+    assert summary["sd"]["decode_speedup_vs_ar"] == pytest.approx(1.6)
+    assert summary["hf-ar"]["decode_tokens_per_s"] is None and summary["hf-ar"]["decode_speedup_vs_ar"] is None
     assert summary["ar"]["speedup_vs_peer"] == pytest.approx(0.8)  # ar against hf-ar
     assert summary["sd"]["acceptance_rate"] == pytest.approx(0.75)
     assert summary["ssd"]["hit_rate"] == pytest.approx(2 / 6)

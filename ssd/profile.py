@@ -1,0 +1,220 @@
+"""Latency curves: what every speed-up rests on, measured for a pair at its precisions on the cores each rank has.
+
+Two curves and a floor (``python -m ssd profile``):
+- the target's pass time against the tokens it verifies (1 to 17, at a context of 128 tokens): SD pays when a pass
+  over K + 1 tokens costs about one step, as on a GPU; in float32 on a CPU it costs two or more;
+- the draft's forward time against branch rows (1 to 32), each row a branch node that sees the context and itself,
+  as SSD's tree pre-speculation feeds them: SSD pays when B branches cost about one row;
+- the physical floor beside them: the one-token step that reading every weight once at this core set's measured
+  memory bandwidth would take. A step far above its floor is compute- or overhead-bound, not memory-bound.
+
+Each curve is also given as a ratio to its one-token step. Theorem 7 can take its latencies from a profile
+(``ssd.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and kept
+in the user cache (``cached_profile``); any change of those measures again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from .cores import check_cores, pinned
+from .files import atomic_path, cache_dir
+from .precision import capability, weight_bytes
+
+CONTEXT = 128  # tokens already in the KV cache when a pass is timed
+TARGET_TOKENS = (1, 2, 3, 5, 9, 17)  # K + 1 for K = 0, 1, 2, 4, 8, 16
+DRAFT_ROWS = (1, 2, 4, 8, 16, 32)  # branch rows of one pre-speculation forward (budget B)
+BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
+
+
+# ---- timing one forward --------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def branch_mask(context: int, rows: int, dtype) -> torch.Tensor:
+    """Additive [1, 1, rows, context + rows] mask: every branch node sees the whole context and itself only."""
+    mask = torch.full((rows, context + rows), torch.finfo(dtype).min, dtype=dtype)
+    mask[:, :context] = 0
+    mask[:, context:].fill_diagonal_(0)
+    return mask[None, None]
+
+
+@torch.inference_mode()
+def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> float:
+    """Median milliseconds of one forward over `new` tokens after `context` cached tokens (one warm-up first).
+
+    branches=False: a causal run of `new` tokens (a verify pass over K + 1 = new tokens); True: `new` branch nodes at
+    one depth, each seeing the context and itself (one forward of SSD's tree pre-speculation over B = new rows).
+    """
+    device = model.device
+    vocab = min(model.config.vocab_size, 30_000)
+    ids = (torch.arange(context + new) * 7919 % vocab)[None].to(device)  # any fixed tokens: time is what we want
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+    extra = {}
+    if branches:
+        dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+        extra = dict(attention_mask=branch_mask(context, new, dtype).to(device),
+                     position_ids=torch.full((1, new), context, device=device))
+    times = []
+    for _ in range(reps + 1):
+        _sync(device)
+        start = time.perf_counter()
+        model(input_ids=ids[:, context:], cache=cache, use_cache=True, logits_to_keep=new, **extra)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        cache.crop(-new)
+    return 1000 * statistics.median(times[1:])
+
+
+def memory_bandwidth_gbs(mb: int = BANDWIDTH_MB, reps: int = 3) -> float:
+    """GB/s read on the current cores: a reduction over a buffer larger than any cache (the median of reps)."""
+    buffer = torch.ones(mb * 2**20 // 4)
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - start)
+    return buffer.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
+def step_bytes(model) -> int:
+    """Bytes a one-token step must read: every weight, except the input embedding table (one row of it is read),
+    unless the output layer shares it."""
+    total = weight_bytes(model)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and getattr(head, "weight", None) is embed.weight
+    return total if tied else total - embed.weight.numel() * embed.weight.element_size()
+
+
+# ---- the profile ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Profile:
+    """Latency curves of one pair at its precisions: ms per forward, keyed by tokens (target) or rows (draft)."""
+
+    pair: str
+    precisions: dict  # ssd.precision.Precisions.as_dict()
+    capability: dict
+    verifier_cores: list[int]
+    drafter_cores: list[int]
+    context: int
+    target_ms: dict[int, float]  # verify pass over n tokens
+    draft_ms: dict[int, float]  # tree forward over n branch rows
+    bandwidth_gbs: dict[str, float]  # per rank's core set: {"target": .., "draft": ..}
+    step_bytes: dict[str, int]
+    measured_at: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # JSON keys come back as strings
+        self.target_ms = {int(n): float(v) for n, v in self.target_ms.items()}
+        self.draft_ms = {int(n): float(v) for n, v in self.draft_ms.items()}
+
+    def floor_ms(self, role: str) -> float:
+        """The one-token step of reading every weight once at the measured bandwidth."""
+        return self.step_bytes[role] / (self.bandwidth_gbs[role] * 1e9) * 1000
+
+    def target_at(self, tokens: float) -> float:
+        """ms of a verify pass over `tokens` tokens, interpolated between the measured points."""
+        return _interp(self.target_ms, tokens)
+
+    def draft_at(self, rows: float) -> float:
+        """ms of one draft forward over `rows` branch rows, interpolated between the measured points."""
+        return _interp(self.draft_ms, rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (role, n): ms, ratio to the one-token step, and the floor of that step."""
+        rows = []
+        for role, curve in (("target", self.target_ms), ("draft", self.draft_ms)):
+            one = curve[min(curve)]
+            for n, ms in sorted(curve.items()):
+                rows.append({"role": role, "precision": self.precisions[role], "n": n, "ms": ms, "ratio": ms / one,
+                             "floor_ms": self.floor_ms(role)})
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        return cls(**d)
+
+
+def _interp(curve: dict[int, float], n: float) -> float:
+    xs = sorted(curve)
+    if not xs[0] <= n <= xs[-1]:
+        raise ValueError(f"{n} lies outside the profiled range {xs[0]}..{xs[-1]}")
+    return float(np.interp(n, xs, [curve[x] for x in xs]))
+
+
+def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS, rows=DRAFT_ROWS,
+            context: int = CONTEXT, reps: int = 3, progress: bool = True) -> Profile:
+    """Time the target on the verifier's cores and the draft on the drafter's, one after the other."""
+    v_cores, d_cores = check_cores(verifier_cores, "verifier_cores"), check_cores(drafter_cores, "drafter_cores")
+    if context + max(max(tokens), max(rows)) > pair.max_context:
+        raise ValueError(f"context={context} plus the largest pass does not fit the pair's {pair.max_context} tokens")
+    bar = tqdm(total=len(tokens) + len(rows), desc="profile", disable=not progress)
+    curves, bandwidth = {}, {}
+    for role, model, cores, sizes, branches in (("target", pair.target, v_cores, tokens, False),
+                                                ("draft", pair.draft, d_cores, rows, True)):
+        with pinned(cores):
+            bandwidth[role] = memory_bandwidth_gbs()
+            curves[role] = {}
+            for n in sizes:
+                bar.set_postfix_str(f"{role} {n}")
+                curves[role][n] = forward_ms(model, n, context=context, reps=reps, branches=branches)
+                bar.update()
+    bar.close()
+    return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, curves["target"],
+                   curves["draft"], bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
+                   time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
+                 rows=DRAFT_ROWS):
+    cap = capability()
+    key = json.dumps([pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
+                      cap["cpu"], cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
+                      check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)])
+    return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def cached_profile(pair, *, verifier_cores="0", drafter_cores="1", remeasure: bool = False, progress: bool = True,
+                   **options) -> Profile:
+    """The pair's profile on these cores from the user cache, measured (and kept) if there is none yet."""
+    path = profile_path(pair, verifier_cores, drafter_cores, **options)
+    if path.exists() and not remeasure:
+        try:
+            return Profile.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError, KeyError):
+            pass  # an unreadable or older file: measure again
+    profile = measure(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores, progress=progress, **options)
+    save(profile, path)
+    return profile
+
+
+def save(profile: Profile, path) -> None:
+    path = str(path)
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(profile.to_dict(), f, indent=1)
+
+
+def load(path) -> Profile:
+    with open(path) as f:
+        return Profile.from_dict(json.load(f))

@@ -1,0 +1,169 @@
+"""Precision per model: names, conversion, the auto rule on synthetic timings, and the decision kept in the cache."""
+import json
+
+import pytest
+import torch
+
+from ssd import models, precision
+from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.lossless import first_difference, identity_report, near_tie_bound
+from ssd.models import load_pair, tiny_pair
+from ssd.precision import (Precisions, candidates, check_precision, choose, convert, precision_of, supported,
+                           weight_bytes)
+from ssd.trace import Round
+
+AVX2 = {"cpu": "test cpu", "isa": "AVX2", "flags": ["avx2"], "native": [], "int8_engine": "x86", "cores": 2,
+        "torch": torch.__version__}
+BF16 = AVX2 | {"isa": "AVX512", "flags": ["avx2", "avx512f", "avx512_bf16"], "native": ["bfloat16"]}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# ---- names ---------------------------------------------------------------------------------------------------------
+
+
+def test_names_and_dtypes_are_accepted():
+    assert check_precision("int8") == "int8" and check_precision(torch.bfloat16) == "bfloat16"
+    assert check_precision("auto") == "auto"
+
+
+@pytest.mark.parametrize("bad", ["fp32", "bf16", "", None, torch.int8])
+def test_bad_precision_names_the_parameter_and_the_choices(bad):
+    with pytest.raises(ValueError, match=r"draft_dtype must be one of float32, bfloat16, float16, int8, auto"):
+        check_precision(bad, "draft_dtype")
+
+
+def test_auto_is_refused_where_a_concrete_precision_is_needed():
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, int8; got 'auto'"):
+        convert(tiny_pair().draft, "auto")
+
+
+def test_int8_is_cpu_only():
+    assert supported("int8", "cpu") and not supported("int8", "cuda")
+    with pytest.raises(ValueError, match="target_dtype=int8 is not supported on cuda"):
+        load_pair("tiny", target_dtype="int8", device="cuda")
+
+
+# ---- conversion ----------------------------------------------------------------------------------------------------
+
+
+def test_convert_changes_precision_and_memory():
+    pair = tiny_pair(vocab_size=64, hidden_size=64)
+    x = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = pair.target(x).logits
+    full = weight_bytes(pair.target)
+    target = convert(pair.target, "int8")
+    assert precision_of(target) == "int8"
+    assert weight_bytes(target) < 0.5 * full  # the linear layers' weights went from 4 bytes to 1
+    with torch.no_grad():  # the same model, roughly: int8 rounds every weight and activation
+        cosine = torch.nn.functional.cosine_similarity(target(x).logits.flatten(), reference.flatten(), dim=0)
+    assert cosine > 0.9
+    draft = convert(pair.draft, "bfloat16")
+    assert precision_of(draft) == "bfloat16" and weight_bytes(draft) * 2 == weight_bytes(tiny_pair(vocab_size=64, hidden_size=64).draft)
+
+
+def test_draft_precision_changes_speed_and_acceptance_never_the_output():
+    pair = load_pair("tiny", target_dtype="float32", draft_dtype="int8")
+    assert pair.precisions.target == "float32" and precision_of(pair.draft) == "int8"
+    prompt = [1, 5, 2, 9, 3]
+    config = DecodeConfig(k=4, max_new_tokens=24)
+    reference, _ = generate_ar(pair, prompt, config, torch.Generator())
+    tokens, trace = generate_sd(pair, prompt, config, torch.Generator())
+    assert tokens == reference and trace.acceptance_rate > 0
+
+
+# ---- the auto rule -------------------------------------------------------------------------------------------------
+
+
+def test_candidates_follow_what_the_cpu_supports():
+    assert candidates("target", "cpu", AVX2) == ["float32"]  # no native bfloat16: nothing to time
+    assert candidates("draft", "cpu", AVX2) == ["float32", "int8"]
+    assert candidates("target", "cpu", BF16) == ["float32", "bfloat16"]
+    assert candidates("draft", "cpu", BF16) == ["float32", "bfloat16", "int8"]
+
+
+def test_a_reduced_precision_target_must_be_clearly_faster():
+    draft = {"float32": 170.0, "int8": 55.0}
+    assert choose({"float32": 1000.0, "bfloat16": 350.0}, draft, BF16).target == "bfloat16"
+    assert choose({"float32": 1000.0, "bfloat16": 950.0}, draft, BF16).target == "float32"  # 5% is not enough
+    assert choose({"float32": 900.0, "bfloat16": 1400.0}, draft, BF16).target == "float32"  # AVX2-like bfloat16
+
+
+def test_the_draft_takes_the_fastest_step_and_the_reason_says_so():
+    decision = choose({"float32": 900.0}, {"float32": 150.0, "bfloat16": 140.0, "int8": 54.0}, AVX2)
+    assert (decision.target, decision.draft) == ("float32", "int8")
+    assert "int8 54 ms" in decision.reason and "float32 900 ms" in decision.reason and "AVX2" in decision.reason
+    assert decision.measured_ms == {"target": {"float32": 900.0}, "draft": {"float32": 150.0, "bfloat16": 140.0,
+                                                                            "int8": 54.0}}
+
+
+def test_auto_on_a_tiny_pair_is_the_exact_reference():
+    pair = load_pair("tiny")
+    assert (pair.precisions.target, pair.precisions.draft) == ("float32", "float32")
+    assert "tiny" in pair.precisions.reason
+
+
+def test_auto_measures_once_and_keeps_the_decision(tmp_path, monkeypatch, private_cache):
+    from tests.test_models import shipped_spec
+
+    tiny = tiny_pair(agreement_noise=0.5)
+    spec = models.PairSpec(shipped_spec(tmp_path, monkeypatch, tiny.draft, "d"),
+                           shipped_spec(tmp_path, monkeypatch, tiny.target, "t"))
+    monkeypatch.setitem(models.PAIRS, "fake-pair", spec)
+    monkeypatch.setattr(models, "capability", lambda: BF16)
+    timed = []
+
+    def fake_forward_ms(model, new, **_):  # bfloat16 verifies 3x faster; int8 drafts 3x faster
+        p = precision_of(model)
+        timed.append((p, new))
+        return {"float32": 900.0, "bfloat16": 300.0, "int8": 100.0}[p] / (1 if new > 1 else 5)
+
+    monkeypatch.setattr(models, "forward_ms", fake_forward_ms)
+    pair = load_pair("fake-pair", progress=False)
+    assert (pair.precisions.target, pair.precisions.draft) == ("bfloat16", "int8")
+    assert precision_of(pair.target) == "bfloat16" and precision_of(pair.draft) == "int8"
+    assert sorted(timed) == sorted([("float32", 1), ("bfloat16", 1), ("int8", 1), ("float32", 5), ("bfloat16", 5)])
+    saved = list((private_cache / "precision").glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["draft"] == "int8"
+    # A second load reads the decision; a role asked for explicitly overrides it and says so.
+    monkeypatch.setattr(models, "forward_ms", lambda *a, **k: pytest.fail("measured twice"))
+    again = load_pair("fake-pair", target_dtype="float32", progress=False)
+    assert (again.precisions.target, again.precisions.draft) == ("float32", "int8")
+    assert "target float32 (as asked)" in again.precisions.reason and "draft int8 (auto)" in again.precisions.reason
+
+
+def test_precisions_record_round_trips_through_json():
+    decision = choose({"float32": 900.0}, {"int8": 50.0}, AVX2)
+    assert Precisions(**json.loads(json.dumps(decision.as_dict()))) == decision
+
+
+# ---- greedy identity at a reduced precision ------------------------------------------------------------------------
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 4], [1, 2, 3]) == 2
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
+
+
+def test_near_tie_bound_is_a_few_units_in_the_last_place():
+    assert near_tie_bound(20.0, "bfloat16") == pytest.approx(0.5)  # grid 0.125 between 16 and 32
+    assert near_tie_bound(40.0, "bfloat16") == pytest.approx(1.0)
+    assert near_tie_bound(20.0, "float16") == pytest.approx(4 * 2 ** -6)
+    assert near_tie_bound(20.0, "float32") == 0.0  # in float32 no difference is excused
+    assert near_tie_bound(20.0, "int8") is None
+
+
+def test_identity_report_reads_ars_margin_at_the_first_difference():
+    rounds = [Round(0, 0, t, 1, 0.0, 0.1, top_logit=20.0, margin=m) for t, m in zip([5, 6, 7], [3.0, 0.125, 2.0])]
+    assert identity_report([5, 6, 7], [5, 6, 7], rounds, "bfloat16")["identical_to_target"]
+    report = identity_report([5, 9, 1], [5, 6, 7], rounds, "bfloat16")
+    assert report == {"identical_to_target": False, "first_difference": 1, "margin_at_difference": 0.125,
+                      "near_tie": True}
+    assert identity_report([5, 6, 1], [5, 6, 7], rounds, "bfloat16")["near_tie"] is False  # margin 2: a bug
+    assert identity_report([5, 9, 1], [5, 6, 7], rounds, "float32")["near_tie"] is False

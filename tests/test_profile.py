@@ -1,0 +1,113 @@
+"""Latency profiles on a tiny pair: the branch mask, the curves, the cache, Theorem 7 fed by a profile, the CLI."""
+import json
+import os
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ssd import profile as prof
+from ssd.cli import main
+from ssd.models import load_pair
+from ssd.profile import Profile, branch_mask, cached_profile, forward_ms, measure
+from ssd.theory import theorem7_from_profile, theorem7_speedup
+
+CORES = sorted(os.sched_getaffinity(0))
+V, D = str(CORES[0]), str(CORES[-1])
+SMALL = dict(tokens=(1, 2, 5), rows=(1, 4, 8), context=16)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("tiny")
+
+
+def test_a_branch_node_sees_the_context_and_itself_only(pair):
+    """One forward over N branch nodes gives each node the logits it gets when fed alone after the context."""
+    model, context = pair.draft, [3, 1, 4, 1, 5, 9]
+    branches = [2, 6, 5]
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([context]), cache=cache, use_cache=True)
+        together = model(input_ids=torch.tensor([branches]), cache=cache, use_cache=True,
+                         attention_mask=branch_mask(len(context), len(branches), torch.float32),
+                         position_ids=torch.full((1, len(branches)), len(context))).logits[0]
+        for i, b in enumerate(branches):
+            alone = model(input_ids=torch.tensor([context + [b]])).logits[0, -1]
+            assert torch.allclose(together[i], alone, atol=1e-5)
+
+
+def test_forward_ms_times_a_pass_and_leaves_no_state(pair):
+    ms = forward_ms(pair.target, 5, context=16, reps=2)
+    assert 0 < ms < 5000
+    assert forward_ms(pair.draft, 8, context=16, reps=1, branches=True) > 0
+
+
+def test_measure_gives_curves_ratios_and_a_floor(pair):
+    p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
+    assert sorted(p.target_ms) == [1, 2, 5] and sorted(p.draft_ms) == [1, 4, 8]
+    frame = p.to_frame()
+    assert list(frame.columns) == ["role", "precision", "n", "ms", "ratio", "floor_ms"]
+    assert (frame[frame.n == 1].ratio == 1.0).all() and (frame.ms > 0).all() and (frame.floor_ms > 0).all()
+    assert p.bandwidth_gbs["target"] > 0 and p.step_bytes["target"] > 0
+    assert p.precisions["target"] == "float32" and p.capability["isa"]
+    assert p.target_at(3) == pytest.approx((p.target_ms[2] * 3 + p.target_ms[5] * 1) / 4 * 1, rel=0.5)
+    with pytest.raises(ValueError, match="outside the profiled range"):
+        p.draft_at(64)
+
+
+def test_profile_round_trips_through_json(pair, tmp_path):
+    p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
+    prof.save(p, tmp_path / "p.json")
+    back = prof.load(tmp_path / "p.json")
+    assert back.target_ms == p.target_ms and back.draft_ms == p.draft_ms and back.floor_ms("draft") == p.floor_ms("draft")
+
+
+def test_cached_profile_measures_once_per_core_set(pair, monkeypatch, private_cache):
+    first = cached_profile(pair, verifier_cores=V, drafter_cores=D, progress=False, **SMALL)
+    monkeypatch.setattr(prof, "measure", lambda *a, **k: pytest.fail("measured twice"))
+    assert cached_profile(pair, verifier_cores=V, drafter_cores=D, progress=False, **SMALL).target_ms == first.target_ms
+    assert prof.profile_path(pair, V, D, **SMALL) != prof.profile_path(pair, V, D, context=32, tokens=(1, 2, 5),
+                                                                        rows=(1, 4, 8))
+    assert len(list((private_cache / "profiles").glob("*.json"))) == 1
+
+
+def synthetic_profile(verify_ms=400.0, draft_ms=50.0, rows_ms=80.0) -> Profile:
+    return Profile("p", {"target": "bfloat16", "draft": "int8"}, {}, [0], [1], 128,
+                   {1: verify_ms, 5: verify_ms, 9: verify_ms}, {1: draft_ms, 4: rows_ms, 8: rows_ms},
+                   {"target": 10.0, "draft": 10.0}, {"target": 3e9, "draft": 5e8})
+
+
+def test_theorem7_from_a_profile():
+    out = theorem7_from_profile(synthetic_profile(), k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0)
+    assert out["profile_t_p"] == pytest.approx((50 + 4 * 80) / 400)
+    assert out["profile_t_b"] == pytest.approx(4 * 50 / 400)
+    expected = theorem7_speedup(0.7, 4.0, 3.0, out["profile_t_p"], out["profile_t_b"])
+    assert out["profile_tokens_per_s"] == pytest.approx(expected / 0.4)
+    free = theorem7_from_profile(synthetic_profile(draft_ms=0.0, rows_ms=0.0), 4, 4, 1.0, 5.0, 5.0)
+    assert free["profile_tokens_per_s"] == pytest.approx(5 / 0.4)  # every round a hit, drafting free: E per verify
+    fast = theorem7_from_profile(synthetic_profile(), 4, 4, 0.5, 4.0, 2.0, backup="fast")
+    assert fast["profile_t_b"] == 0.0
+
+
+def test_cli_profile_writes_json_and_a_figure(tmp_path, capsys):
+    out, fig = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
+                 "--json", str(out), "--figure", str(fig)]) == 0
+    printed = capsys.readouterr().out
+    assert "floor" in printed and "ratio" in printed
+    assert sorted(json.loads(out.read_text())["draft_ms"], key=int) == [str(n) for n in prof.DRAFT_ROWS]
+    assert fig.stat().st_size > 10_000
+
+
+def test_cli_profile_rejects_bad_input(capsys):
+    assert main(["profile", "--pair", "tiny", "--reps", "0"]) == 2
+    assert "reps must be >= 1" in capsys.readouterr().err
+    assert main(["profile", "--pair", "tiny", "--target-dtype", "fp8"]) == 2
+    assert "target_dtype must be one of" in capsys.readouterr().err
