@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from .files import cache_dir
-from .precision import (AUTO_K, DTYPES, Precisions, candidates, capability, check_precision, choose, convert, decision_path,
+from .precision import (AUTO_K, Precisions, candidates, capability, check_precision, choose, convert, decision_path,
                         fixed, load_decision, save_decision, supported)
 from .profile import forward_ms
 
@@ -138,8 +138,8 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
         pair = _load_registered(name, PAIRS[name], precisions, device, progress)
     elif name == TINY_PAIR:
         pair = tiny_pair()
-        pair.draft = convert(_ready(pair.draft, device), precisions.draft, "draft_dtype")
-        pair.target = convert(_ready(pair.target, device), precisions.target, "target_dtype")
+        pair.draft = _at_precision(pair.draft, precisions.draft, device, "draft")
+        pair.target = _at_precision(pair.target, precisions.target, device, "target")
     else:
         ids = _hub_ids(name)
         pair = _load_hub_pair(ids[0], ids[1], precisions, device)
@@ -154,25 +154,19 @@ def load_draft(name: str, *, precision="float32", device="cpu", progress=True) -
     if precision == "auto":  # decided on this machine (a drafter on another host decides for its own)
         precision = _precisions(name, "auto", "auto", device, progress).draft
     if name in PAIRS:
-        return _load_cached(PAIRS[name].draft, precision, device, progress)[0]
+        return _load_cached(PAIRS[name].draft, precision, device, progress, "draft")[0]
     if name == TINY_PAIR:
-        return convert(_ready(tiny_pair().draft, device), precision, "draft_dtype")
+        return _at_precision(tiny_pair().draft, precision, device, "draft")
     ids = _hub_ids(name)
     if ids is None:
         raise ValueError(_unknown_pair(name, "pair"))
-    return _at_precision(_load_hub_model(ids[0], _load_dtype(precision))[0], precision, device)
+    return _at_precision(_load_hub_model(ids[0])[0], precision, device, "draft")
 
 
-def _load_dtype(precision: str) -> torch.dtype:
-    """The dtype to load weights in: a float precision loads as such; int8 loads float32, then quantizes."""
-    return DTYPES.get(precision, torch.float32)
-
-
-def _at_precision(model, precision: str, device):
-    """A model loaded in _load_dtype(precision), ready at that precision on this device. One copy of the weights is
-    ever cached on disk (float32); every precision is made from it at load time."""
-    model = _ready(model, device)
-    return convert(model, precision) if precision == "int8" else model
+def _at_precision(model, precision: str, device, role: str):
+    """A model loaded in float32, ready at its role's precision on this device. One copy of the weights is ever
+    cached on disk (float32); every precision is made from it at load time. A target keeps float32 logits."""
+    return convert(_ready(model, device), precision, f"{role}_dtype", float_logits=role == "target")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -235,9 +229,9 @@ def precision_tokens(role: str) -> int:
 def _load_role(name: str, role: str, precision: str, device):
     if name in PAIRS:
         spec = PAIRS[name].target if role == "target" else PAIRS[name].draft
-        return _load_cached(spec, precision, device, progress=False)[0]
+        return _load_cached(spec, precision, device, False, role)[0]
     model_id = _hub_ids(name)[0 if role == "draft" else 1]
-    return _at_precision(_load_hub_model(model_id, _load_dtype(precision))[0], precision, device)
+    return _at_precision(_load_hub_model(model_id)[0], precision, device, role)
 
 
 def check_pair_name(name, parameter: str = "pair") -> None:
@@ -434,19 +428,19 @@ def _install(out: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec) -> None:
     os.replace(out, folder)
 
 
-def _load_cached(spec: GGUFSpec, precision, device, progress):
+def _load_cached(spec: GGUFSpec, precision, device, progress, role: str = "target"):
     precision = check_precision(precision, "dtype", allow_auto=False)
     folder = ensure_cached(spec, progress)
     _log(progress, f"loading {spec.name} from {folder} ({precision})")
     with _transformers_bars(progress):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=_load_dtype(precision))
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return _at_precision(model, precision, device), tokenizer
+    return _at_precision(model, precision, device, role), tokenizer
 
 
 def _load_registered(name: str, spec: PairSpec, precisions: Precisions, device, progress) -> Pair:
-    target, target_tok = _load_cached(spec.target, precisions.target, device, progress)
-    draft, draft_tok = _load_cached(spec.draft, precisions.draft, device, progress)
+    target, target_tok = _load_cached(spec.target, precisions.target, device, progress, "target")
+    draft, draft_tok = _load_cached(spec.draft, precisions.draft, device, progress, "draft")
     check_same_tokenizer(draft_tok, target_tok, spec.draft.name, spec.target.name)
     check_same_vocab_size(draft, target, spec.draft.name, spec.target.name)
     return Pair(draft, target, target_tok, name, eos_ids(target, target_tok, spec.extra_eos_tokens))
@@ -470,7 +464,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _load_hub_model(model_id: str, dtype):
+def _load_hub_model(model_id: str, dtype=torch.float32):
     local = pathlib.Path(model_id).expanduser().is_dir()
     offline = not local and not _hub_reachable()
     try:
@@ -487,11 +481,12 @@ def _load_hub_model(model_id: str, dtype):
 
 
 def _load_hub_pair(draft_id: str, target_id: str, precisions: Precisions, device) -> Pair:
-    draft, draft_tok = _load_hub_model(draft_id, _load_dtype(precisions.draft))
-    target, target_tok = _load_hub_model(target_id, _load_dtype(precisions.target))
+    draft, draft_tok = _load_hub_model(draft_id)
+    target, target_tok = _load_hub_model(target_id)
     check_same_tokenizer(draft_tok, target_tok, draft_id, target_id)
     check_same_vocab_size(draft, target, draft_id, target_id)
-    draft, target = _at_precision(draft, precisions.draft, device), _at_precision(target, precisions.target, device)
+    draft, target = (_at_precision(draft, precisions.draft, device, "draft"),
+                     _at_precision(target, precisions.target, device, "target"))
     return Pair(draft, target, target_tok, f"{draft_id}->{target_id}", eos_ids(target, target_tok))
 
 

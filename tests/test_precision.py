@@ -67,6 +67,29 @@ def test_convert_changes_precision_and_memory():
     assert precision_of(draft) == "bfloat16" and weight_bytes(draft) * 2 == weight_bytes(tiny_pair(vocab_size=64, hidden_size=64).draft)
 
 
+def test_a_reduced_precision_target_keeps_float32_logits():
+    pair = tiny_pair(vocab_size=64, hidden_size=64)
+    x = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        exact = pair.target(x).logits
+    target = convert(pair.target, "bfloat16", float_logits=True)
+    assert precision_of(target) == "bfloat16" and isinstance(target.get_output_embeddings(), precision.FloatLogits)
+    assert target.get_output_embeddings().weight.dtype == torch.float32
+    with torch.no_grad():
+        logits = target(x).logits
+    assert logits.dtype == torch.float32 and (logits - exact).abs().max() < 0.1
+    # rounded to bfloat16, many logits would share a value; kept in float32 they do not
+    assert logits.to(torch.bfloat16).unique().numel() < logits.numel() == logits.unique().numel()
+    draft = convert(tiny_pair().draft, "bfloat16")  # a draft's logits may round: only speed and acceptance move
+    assert draft.get_output_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_load_pair_gives_a_reduced_precision_target_float32_logits():
+    pair = load_pair("tiny", target_dtype="bfloat16", draft_dtype="bfloat16")
+    assert isinstance(pair.target.get_output_embeddings(), precision.FloatLogits)
+    assert not isinstance(pair.draft.get_output_embeddings(), precision.FloatLogits)
+
+
 def test_draft_precision_changes_speed_and_acceptance_never_the_output():
     pair = load_pair("tiny", target_dtype="float32", draft_dtype="int8")
     assert pair.precisions.target == "float32" and precision_of(pair.draft) == "int8"
