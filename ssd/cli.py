@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pair_args(pr)
     pr.add_argument("--verifier-cores", default="0", help="cores the target is timed on (default 0)")
     pr.add_argument("--drafter-cores", default="1", help="cores the draft is timed on (default 1)")
-    pr.add_argument("--reps", type=int, default=3, help="timed forwards per point, after a warm-up (median; default 3)")
+    pr.add_argument("--reps", type=int, default=5, help="timed forwards per point, after a warm-up (median; default 5)")
     pr.add_argument("--json", default=None, help="write the profile here")
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
 

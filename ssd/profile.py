@@ -29,7 +29,8 @@ from transformers import DynamicCache
 
 from .cores import check_cores, pinned
 from .files import atomic_path, cache_dir
-from .precision import capability, weight_bytes
+from .precision import RULE, capability, weight_bytes
+from .theory import sd_speedup
 
 CONTEXT = 128  # tokens already in the KV cache when a pass is timed
 TARGET_TOKENS = (1, 2, 3, 5, 9, 17)  # K + 1 for K = 0, 1, 2, 4, 8, 16
@@ -54,42 +55,54 @@ def branch_mask(context: int, rows: int, dtype) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> float:
-    """Median milliseconds of one forward over `new` tokens after `context` cached tokens (one warm-up first).
+def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> dict[int, float]:
+    """Median milliseconds of one forward over n new tokens after `context` cached tokens, for each n in sizes.
 
-    branches=False: a causal run of `new` tokens (a verify pass over K + 1 = new tokens); True: `new` branch nodes at
-    one depth, each seeing the context and itself (one forward of SSD's tree pre-speculation over B = new rows).
+    branches=False: a causal run of n tokens (a verify pass over K + 1 = n tokens); True: n branch nodes at one
+    depth, each seeing the context and itself (one forward of SSD's tree pre-speculation over B = n rows). The sizes
+    are timed round-robin, one warm-up round first, so that a slow spell of the machine falls on all of them alike:
+    the ratios between sizes are what a curve is for.
     """
     device = model.device
     vocab = min(model.config.vocab_size, 30_000)
-    ids = (torch.arange(context + new) * 7919 % vocab)[None].to(device)  # any fixed tokens: time is what we want
+    ids = (torch.arange(context + max(sizes)) * 7919 % vocab)[None].to(device)  # any fixed tokens: time is what counts
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
-    extra = {}
-    if branches:
-        dtype = model.dtype if model.dtype.is_floating_point else torch.float32
-        extra = dict(attention_mask=branch_mask(context, new, dtype).to(device),
-                     position_ids=torch.full((1, new), context, device=device))
-    times = []
-    for _ in range(reps + 1):
-        _sync(device)
-        start = time.perf_counter()
-        model(input_ids=ids[:, context:], cache=cache, use_cache=True, logits_to_keep=new, **extra)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-        cache.crop(-new)
-    return 1000 * statistics.median(times[1:])
+    model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+    times = {n: [] for n in sizes}
+    for rep in range(reps + 1):
+        for n in sizes:
+            extra = dict(attention_mask=branch_mask(context, n, dtype).to(device),
+                         position_ids=torch.full((1, n), context, device=device)) if branches else {}
+            _sync(device)
+            start = time.perf_counter()
+            model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n, **extra)
+            _sync(device)
+            if rep:
+                times[n].append(time.perf_counter() - start)
+            cache.crop(-n)
+    return {n: 1000 * statistics.median(t) for n, t in times.items()}
+
+
+def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> float:
+    """curve_ms at one size."""
+    return curve_ms(model, [new], context=context, reps=reps, branches=branches)[new]
 
 
 def memory_bandwidth_gbs(mb: int = BANDWIDTH_MB, reps: int = 3) -> float:
-    """GB/s read on the current cores: a reduction over a buffer larger than any cache (the median of reps)."""
-    buffer = torch.ones(mb * 2**20 // 4)
-    times = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        buffer.sum()
-        times.append(time.perf_counter() - start)
-    return buffer.numel() * 4 / statistics.median(times[1:]) / 1e9
+    """GB/s read on the current cores, over a buffer larger than any cache: the best of a reduction and a float32
+    matrix-vector product (the operation a one-token step is made of), each the best of reps. A floor is a bound,
+    so it takes the fastest read seen; a model step may still stream a little faster (prefetching differs)."""
+    matrix = torch.ones(mb * 2**20 // 4 // 4096, 4096)
+    vector = torch.ones(4096)
+    best = float("inf")
+    for read in (matrix.sum, lambda: torch.mv(matrix, vector)):
+        read()  # warm-up
+        for _ in range(reps):
+            start = time.perf_counter()
+            read()
+            best = min(best, time.perf_counter() - start)
+    return matrix.numel() * 4 / best / 1e9
 
 
 def step_bytes(model) -> int:
@@ -164,7 +177,7 @@ def _interp(curve: dict[int, float], n: float) -> float:
 
 
 def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS, rows=DRAFT_ROWS,
-            context: int = CONTEXT, reps: int = 3, progress: bool = True) -> Profile:
+            context: int = CONTEXT, reps: int = 5, progress: bool = True) -> Profile:
     """Time the target on the verifier's cores and the draft on the drafter's, one after the other."""
     v_cores, d_cores = check_cores(verifier_cores, "verifier_cores"), check_cores(drafter_cores, "drafter_cores")
     if context + max(max(tokens), max(rows)) > pair.max_context:
@@ -175,11 +188,9 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
                                                 ("draft", pair.draft, d_cores, rows, True)):
         with pinned(cores):
             bandwidth[role] = memory_bandwidth_gbs()
-            curves[role] = {}
-            for n in sizes:
-                bar.set_postfix_str(f"{role} {n}")
-                curves[role][n] = forward_ms(model, n, context=context, reps=reps, branches=branches)
-                bar.update()
+            bar.set_postfix_str(role)
+            curves[role] = curve_ms(model, sizes, context=context, reps=reps, branches=branches)
+            bar.update(len(sizes))
     bar.close()
     return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, curves["target"],
                    curves["draft"], bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
@@ -189,7 +200,7 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
 def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
                  rows=DRAFT_ROWS):
     cap = capability()
-    key = json.dumps([pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
+    key = json.dumps([RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
                       cap["cpu"], cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
                       check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -207,6 +218,31 @@ def cached_profile(pair, *, verifier_cores="0", drafter_cores="1", remeasure: bo
     profile = measure(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores, progress=progress, **options)
     save(profile, path)
     return profile
+
+
+def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:
+    """The two ratios that decide what SD can gain (README, "The regime"): v, a verify pass over K + 1 tokens in
+    one-token steps, and c, a draft step over a target step; and SD's speed-up E / (c K + v) they give at acceptance
+    a. Also the one-token step beside its memory floor."""
+    step, draft = profile.target_ms[min(profile.target_ms)], profile.draft_ms[min(profile.draft_ms)]
+    v, c = profile.target_at(k + 1) / step, draft / step
+    return {"target": profile.precisions["target"], "draft": profile.precisions["draft"], "step_ms": step,
+            "floor_ms": profile.floor_ms("target"), f"verify_{k + 1}_ms": profile.target_at(k + 1), "v": v,
+            "draft_ms": draft, "c": c, f"sd_speedup_at_a_{a:g}": sd_speedup(a, k, c, v)}
+
+
+def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores="1", progress: bool = True):
+    """The pair's profile at each (target, draft) precision, one pair in memory at a time (from the cache where
+    measured before): how the regime moves with precision. Returns {label: Profile}."""
+    from .models import load_pair  # models times precisions with this module: import it only when needed
+
+    out = {}
+    for target, draft in dict.fromkeys(precisions):  # once each, in order
+        pair = load_pair(pair_name, target_dtype=target, draft_dtype=draft, progress=progress)
+        out[pair.precisions.label] = cached_profile(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores,
+                                                    progress=progress)
+        del pair
+    return out
 
 
 def save(profile: Profile, path) -> None:

@@ -9,9 +9,10 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def sd_speedup(a: float, k: int, c: float) -> float:
-    """SD over autoregressive: E / (c K + 1), with c the draft/target cost ratio."""
-    return expected_tokens(a, k) / (c * k + 1)
+def sd_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
+    """SD over autoregressive: E / (c K + v), with c the draft/target cost ratio per token and v the cost of a verify
+    pass over K + 1 tokens in one-token steps (about 1 on a GPU; measure it: ssd.profile)."""
+    return expected_tokens(a, k) / (c * k + v)
 
 
 def theorem7_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float) -> float:
