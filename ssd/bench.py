@@ -81,7 +81,10 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
                 rounds.append(trace.to_frame())
             if method == "ar":
                 reference = tokens, trace
-            rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), **row, "tokens": tokens})
+            if profile is not None and method in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile, this prompt
+                row["profile_tokens_per_s"] = _profile_prediction(profile, config, trace.to_frame())
+            rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), "target_dtype": pair.precisions.target,
+                         "draft_dtype": pair.precisions.draft, **row, "tokens": tokens})
             bar.update()
         for row in rows[-len(methods):]:
             tokens = row.pop("tokens")
@@ -136,6 +139,13 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
     return summary
+
+
+def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float:
+    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens."""
+    own = measured_theorem7(rounds)
+    return theorem7_from_profile(profile, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
+                                 config.backup)["profile_tokens_per_s"]
 
 
 def _differences(g: pd.DataFrame) -> dict:

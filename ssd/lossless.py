@@ -93,7 +93,10 @@ def near_tie_bound(top_logit: float, precision: str) -> float | None:
 
 def identity_report(tokens, reference, reference_rounds, precision: str) -> dict:
     """Is a greedy output the target's own, and if not, where does it first differ and how close a call was AR's
-    choice there? reference_rounds: AR's rounds (one per token, with top_logit and margin)."""
+    choice there? reference_rounds: AR's rounds, one per token, with top_logit and margin (Round objects, or the rows
+    of its trace frame)."""
+    if isinstance(reference_rounds, pd.DataFrame):
+        reference_rounds = list(reference_rounds.itertuples())
     diff = first_difference(tokens, reference)
     report = {"identical_to_target": diff is None, "first_difference": diff, "margin_at_difference": None,
               "near_tie": None}
@@ -102,6 +105,23 @@ def identity_report(tokens, reference, reference_rounds, precision: str) -> dict
         bound = near_tie_bound(at.top_logit, precision)
         report.update(margin_at_difference=at.margin, near_tie=None if bound is None else at.margin <= bound)
     return report
+
+
+def identity_table(decoded: dict, precision: str, reference: str = "ar") -> pd.DataFrame:
+    """identity_report for every prompt and method of experiments.decode results, {method: (runs, rounds, tokens)},
+    against the reference method's tokens and rounds (AR: the target alone). One row per (prompt, method)."""
+    if reference not in decoded:
+        raise ValueError(f"decoded needs the reference method {reference!r}; has {sorted(decoded)}")
+    _, ref_rounds, ref_tokens = decoded[reference]
+    rows = []
+    for method, (_, _, tokens) in decoded.items():
+        if method == reference:
+            continue
+        for prompt_id, new in tokens.items():
+            rounds = ref_rounds[ref_rounds.prompt_id == prompt_id]
+            rows.append({"prompt_id": prompt_id, "method": method,
+                         **identity_report(new, ref_tokens[prompt_id], rounds, precision)})
+    return pd.DataFrame(rows)
 
 
 def greedy_identical(pair, prompts, methods, config, progress: bool = True) -> pd.DataFrame:

@@ -50,3 +50,16 @@ def test_ar_records_the_margin_a_report_reads(pair):
     flipped = tokens[:2] + [tokens[2] + 1] + tokens[3:]
     report = identity_report(flipped, tokens, trace.rounds, "bfloat16")
     assert report["first_difference"] == 2 and report["margin_at_difference"] == trace.rounds[2].margin
+
+
+def test_transformers_peers_run_on_the_same_reduced_precision_models(pair):
+    """hf-ar and hf-sd take the pair's own models, bfloat16 target and int8 draft included: every speed-up in one
+    bench is over the same model. Their first difference from our AR, if any, sits at a near-tie too."""
+    from ssd.bench import run_bench
+    from ssd.decoding import DecodeConfig
+
+    result = run_bench(pair, load_prompts("humaneval[3:4]"), ["ar", "hf-ar", "hf-sd"], DecodeConfig(max_new_tokens=16),
+                       progress=False)
+    for row in result["rows"]:
+        assert row["target_dtype"] == "bfloat16" and row["draft_dtype"] == "int8"
+        assert row["identical_to_target"] or row["near_tie"], row
