@@ -10,7 +10,7 @@ from ssd import profile as prof
 from ssd.cli import main
 from ssd.models import load_pair
 from ssd.profile import Profile, branch_mask, cached_profile, forward_ms, measure
-from ssd.theory import theorem7_from_profile, theorem7_speedup
+from ssd.theory import sd_speedup, theorem7_from_profile, theorem7_speedup
 
 CORES = sorted(os.sched_getaffinity(0))
 V, D = str(CORES[0]), str(CORES[-1])
@@ -96,6 +96,17 @@ def test_theorem7_from_a_profile():
     assert fast["profile_t_b"] == 0.0
 
 
+def test_regime_reads_v_and_c_off_the_curves():
+    slow_verify = Profile("p", {"target": "float32", "draft": "float32"}, {}, [0], [1], 128,
+                          {1: 400.0, 5: 1000.0}, {1: 160.0, 4: 300.0}, {"target": 10.0, "draft": 10.0},
+                          {"target": 4e9, "draft": 1e9})
+    out = prof.regime(slow_verify, k=4, a=0.8)
+    assert out["v"] == pytest.approx(2.5) and out["c"] == pytest.approx(0.4) and out["floor_ms"] == pytest.approx(400)
+    assert out["sd_speedup_at_a_0.8"] == pytest.approx(sd_speedup(0.8, 4, 0.4, 2.5)) and out["sd_speedup_at_a_0.8"] < 1
+    cheap = prof.regime(synthetic_profile(verify_ms=400.0, draft_ms=50.0), k=4, a=0.8)
+    assert cheap["v"] == pytest.approx(1.0) and cheap["sd_speedup_at_a_0.8"] > 2  # the GPU-like regime
+
+
 def test_cli_profile_writes_json_and_a_figure(tmp_path, capsys):
     out, fig = tmp_path / "p.json", tmp_path / "p.png"
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
@@ -111,3 +122,12 @@ def test_cli_profile_rejects_bad_input(capsys):
     assert "reps must be >= 1" in capsys.readouterr().err
     assert main(["profile", "--pair", "tiny", "--target-dtype", "fp8"]) == 2
     assert "target_dtype must be one of" in capsys.readouterr().err
+
+
+def test_profiles_at_several_precisions_are_kept_apart(private_cache):
+    out = prof.profiles_at("tiny", [("float32", "float32"), ("bfloat16", "int8"), ("float32", "float32")],
+                           verifier_cores=V, drafter_cores=D, progress=False)
+    assert list(out) == ["target float32, draft float32", "target bfloat16, draft int8"]
+    assert [(p.precisions["target"], p.precisions["draft"]) for p in out.values()] == [("float32", "float32"),
+                                                                                       ("bfloat16", "int8")]
+    assert len(list((private_cache / "profiles").glob("*.json"))) == 2

@@ -16,6 +16,7 @@ def test_expected_tokens_per_round():
 def test_sd_speedup_formula():
     assert sd_speedup(0.8, 4, 0.0) == pytest.approx(expected_tokens(0.8, 4))
     assert sd_speedup(0.0, 4, 0.25) == pytest.approx(0.5)  # nothing accepted: pure draft overhead
+    assert sd_speedup(0.8, 4, 0.25, v=2.5) == pytest.approx(expected_tokens(0.8, 4) / 3.5)  # a costly verify pass
 
 
 @pytest.mark.parametrize("p_hit", np.linspace(0, 1, 6))
