@@ -237,7 +237,8 @@ def choose(target_ms: dict[str, float], draft_ms: dict[str, float], cap: dict) -
 
 
 def fixed(target: str, draft: str, cap: dict | None = None, why: str = "as asked") -> Precisions:
-    return Precisions(target, draft, f"{why}: target {target}, draft {draft}", cap or capability())
+    cap = cap or capability()
+    return Precisions(target, draft, f"{why}: target {target}, draft {draft}; CPU {capability_line(cap)}", cap)
 
 
 def decision_path(cache_root, pair_name: str, device, cap: dict):
