@@ -22,13 +22,19 @@ $(STAMP): pyproject.toml requirements-models.txt
 run: $(STAMP)
 	$(BIN)/python -m ssd course --out runs/course
 
-# Our AR and SD against transformers' own generate and assisted generation (about 12 minutes).
+# Our AR and SD against transformers' own generate and assisted generation on the same models, in float32, where all
+# four must give the target's tokens exactly (about 12 minutes); then the latency profile of the pair on the
+# pipeline's two cores at the auto precision and in float32 (about 5 minutes).
 bench: $(STAMP)
 	$(BIN)/python -m ssd bench --pair qwen2.5-coder --methods ar,hf-ar,sd,hf-sd -k 4 \
-		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --json data/bench.json
+		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --target-dtype float32 \
+		--draft-dtype float32 --json data/bench.json
+	$(BIN)/python -m ssd profile --pair qwen2.5-coder --json data/profile.json --figure figures/profile.png
+	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
+		--json data/profile_float32.json --figure figures/profile_float32.png
 
-# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 2.5 hours on
-# a 2-core CPU, most of it the wall-clock grid, which must run alone.
+# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 2 hours on
+# a 2-core CPU, 54 minutes of it the wall-clock grid at the auto precision, which must run alone.
 sweep: $(STAMP)
 	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2
