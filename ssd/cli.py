@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
 from . import bench, course, experiments, profile, sweep
 from .cores import check_cores
-from .files import write_csv, write_json
 from .methods import METHODS, get_method, parse_methods
-from .models import DEFAULT_PAIR, PAIRS, cache_dir, load_pair
+from .files import cache_dir, write_csv, write_json
+from .models import DEFAULT_PAIR, PAIRS, load_pair
 from .precision import CHOICES, capability_line, check_precision
 from .outcomes import STRATEGIES, check_strategy
-from .pipeline import PipelineConfig
+from .pipeline import (PipelineConfig, close_pipelines, env_rank, serve_torchrun,
+                       stop_unused_torchrun_drafter)
 from .prompts import Prompt, encode, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
@@ -235,3 +237,27 @@ def main(argv=None) -> int:
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def torchrun_main(argv=None) -> int:
+    """`torchrun --nproc-per-node 2 -m ssd.pipeline ARGS`: rank 0 runs `python -m ssd ARGS` (use the method
+    ssd-pipeline there), rank 1 loads the draft of --pair on --drafter-cores and serves drafts until rank 0 is done."""
+    rank = env_rank()
+    if rank is None:
+        print("ssd.pipeline runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.pipeline bench --methods "
+              "ar,ssd-pipeline ... (see README). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
+              "the drafter itself.", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "drafter_cores"):  # a command that decodes nothing (models): rank 1 has nothing to serve
+        return main(argv) if rank == 0 else 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if rank == 1:
+        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
+    try:
+        return main(argv)
+    finally:
+        close_pipelines()
+        stop_unused_torchrun_drafter(device)

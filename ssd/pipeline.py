@@ -297,7 +297,7 @@ def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision:
 # ---- rank 0: the verifier ------------------------------------------------------------------------------------------
 
 _open: weakref.WeakSet = weakref.WeakSet()  # every Pipeline not yet closed, for close_pipelines at exit
-_torchrun_joined = False  # did this torchrun rank 0 ever join rank 1 (see main)
+_torchrun_joined = False  # did this torchrun rank 0 ever join rank 1 (see stop_unused_torchrun_drafter)
 
 
 class Pipeline:
@@ -552,8 +552,11 @@ atexit.register(close_pipelines)
 # ---- torchrun ------------------------------------------------------------------------------------------------------
 
 
-def _stop_torchrun_drafter(device) -> None:
-    """Rank 0 never used the pipeline, but rank 1 waits for it: join it and tell it to stop."""
+def stop_unused_torchrun_drafter(device) -> None:
+    """Rank 0 of a torchrun job: if it never used the pipeline, rank 1 still waits for it; join it and tell it to
+    stop. Nothing to do if it joined (closing the pipeline stopped the drafter)."""
+    if _torchrun_joined:
+        return
     device = torch.device(device)
     channel = init_group("nccl" if device.type == "cuda" else "gloo", env_store(0, 600.0), 0, device, 600.0)
     try:
@@ -563,35 +566,9 @@ def _stop_torchrun_drafter(device) -> None:
         dist.destroy_process_group()
 
 
-def main(argv=None) -> int:
-    """`torchrun --nproc-per-node 2 -m ssd.pipeline ARGS`: rank 0 runs `python -m ssd ARGS` (use the method
-    ssd-pipeline there), rank 1 loads the draft of --pair on --drafter-cores and serves drafts until rank 0 is done."""
-    from . import cli  # the command line sits above this module
-
-    rank = env_rank()
-    if rank is None:
-        print("ssd.pipeline runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.pipeline bench --methods "
-              "ar,ssd-pipeline ... (see README). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
-              "the drafter itself.", file=sys.stderr)
-        return 2
-    args = cli.build_parser().parse_args(argv)
-    if not hasattr(args, "drafter_cores"):  # a command that decodes nothing (models): rank 1 has nothing to serve
-        return cli.main(argv) if rank == 0 else 0
-    device = torch.device(args.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if rank == 1:
-        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
-    try:
-        return cli.main(argv)
-    finally:
-        close_pipelines()
-        if not _torchrun_joined:
-            _stop_torchrun_drafter(device)
-
-
 if __name__ == "__main__":
-    # Run the package's copy of this module, the one the methods use, not this __main__ copy of it.
-    from ssd.pipeline import main as package_main
+    # `torchrun -m ssd.pipeline ARGS`: the entry point lives with the command line, which sits above this module
+    # (it imports the package's copy of this module, the one the methods use, not this __main__ copy).
+    from ssd.cli import torchrun_main
 
-    sys.exit(package_main())
+    sys.exit(torchrun_main())
