@@ -1,4 +1,5 @@
-"""Experiments that return tidy DataFrames: one row per round, per (prompt, setting), or per aggregate."""
+"""Experiments that return tidy DataFrames: one row per round, per (prompt, setting), or per aggregate; and a pair's
+latency profiles at several precisions."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,8 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from .methods import get_method
+from .models import load_pair
+from .profile import cached_profile
 from .prompts import encode
 from .ssd import SSDConfig, counterfactual_hits
 
@@ -131,3 +134,15 @@ def ap_sensitivity(rounds: pd.DataFrame, budget: int, k: int, a_ps, r: float) ->
         hits = counterfactual_hits(frame, [budget], k, "uniform")
         rows.append({"prompt_id": prompt_id, "strategy": "uniform", "assumed_a_p": float("nan"), "hit_rate": hits.hit.mean()})
     return pd.DataFrame(rows)
+
+
+def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores="1", progress: bool = True):
+    """The pair's profile at each (target, draft) precision, one pair in memory at a time (from the cache where
+    measured before): how the regime moves with precision. Returns {label: Profile}."""
+    out = {}
+    for target, draft in dict.fromkeys(precisions):  # once each, in order
+        pair = load_pair(pair_name, target_dtype=target, draft_dtype=draft, progress=progress)
+        out[pair.precisions.label] = cached_profile(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores,
+                                                    progress=progress)
+        del pair
+    return out

@@ -19,7 +19,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -132,7 +132,6 @@ class Profile:
     bandwidth_gbs: dict[str, float]  # per rank's core set: {"target": .., "draft": ..}
     step_bytes: dict[str, int]
     measured_at: str = ""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         # JSON keys come back as strings
@@ -229,20 +228,6 @@ def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:
     return {"target": profile.precisions["target"], "draft": profile.precisions["draft"], "step_ms": step,
             "floor_ms": profile.floor_ms("target"), f"verify_{k + 1}_ms": profile.target_at(k + 1), "v": v,
             "draft_ms": draft, "c": c, f"sd_speedup_at_a_{a:g}": sd_speedup(a, k, c, v)}
-
-
-def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores="1", progress: bool = True):
-    """The pair's profile at each (target, draft) precision, one pair in memory at a time (from the cache where
-    measured before): how the regime moves with precision. Returns {label: Profile}."""
-    from .models import load_pair  # models times precisions with this module: import it only when needed
-
-    out = {}
-    for target, draft in dict.fromkeys(precisions):  # once each, in order
-        pair = load_pair(pair_name, target_dtype=target, draft_dtype=draft, progress=progress)
-        out[pair.precisions.label] = cached_profile(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores,
-                                                    progress=progress)
-        del pair
-    return out
 
 
 def save(profile: Profile, path) -> None:

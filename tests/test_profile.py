@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from ssd import experiments
 from ssd import profile as prof
 from ssd.cli import main
 from ssd.models import load_pair
@@ -125,7 +126,7 @@ def test_cli_profile_rejects_bad_input(capsys):
 
 
 def test_profiles_at_several_precisions_are_kept_apart(private_cache):
-    out = prof.profiles_at("tiny", [("float32", "float32"), ("bfloat16", "int8"), ("float32", "float32")],
+    out = experiments.profiles_at("tiny", [("float32", "float32"), ("bfloat16", "int8"), ("float32", "float32")],
                            verifier_cores=V, drafter_cores=D, progress=False)
     assert list(out) == ["target float32, draft float32", "target bfloat16, draft int8"]
     assert [(p.precisions["target"], p.precisions["draft"]) for p in out.values()] == [("float32", "float32"),
