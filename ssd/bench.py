@@ -77,12 +77,13 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
             method = methods[(i + j) % len(methods)]
             bar.set_postfix_str(f"{prompt_id} {method}")
             tokens, row, trace = run_one(method, pair, ids, config, seed=seed + i)
-            if trace.rounds:
-                rounds.append(trace.to_frame())
+            frame = trace.to_frame() if trace.rounds else None
+            if frame is not None:
+                rounds.append(frame)
             if method == "ar":
                 reference = tokens, trace
             if profile is not None and method in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile, this prompt
-                row["profile_tokens_per_s"] = _profile_prediction(profile, config, trace.to_frame())
+                row["profile_tokens_per_s"] = _profile_prediction(profile, config, frame)
             rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), "target_dtype": pair.precisions.target,
                          "draft_dtype": pair.precisions.draft, **row, "tokens": tokens})
             bar.update()

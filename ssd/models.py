@@ -428,7 +428,7 @@ def _install(out: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec) -> None:
     os.replace(out, folder)
 
 
-def _load_cached(spec: GGUFSpec, precision, device, progress, role: str = "target"):
+def _load_cached(spec: GGUFSpec, precision, device, progress, role: str):
     precision = check_precision(precision, "dtype", allow_auto=False)
     folder = ensure_cached(spec, progress)
     _log(progress, f"loading {spec.name} from {folder} ({precision})")
@@ -464,11 +464,11 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _load_hub_model(model_id: str, dtype=torch.float32):
+def _load_hub_model(model_id: str):
     local = pathlib.Path(model_id).expanduser().is_dir()
     offline = not local and not _hub_reachable()
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch.float32, local_files_only=offline)
         tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
     except (OSError, ValueError) as e:
         where = ("the local folder" if local else

@@ -262,7 +262,7 @@ def test_shipped_model_round_trip(tmp_path, private_cache, monkeypatch):
     assert folder == private_cache / "models" / "roundtrip"
     assert [p.name for p in (private_cache / "models").iterdir()] == ["roundtrip"]  # no work folder, no GGUF left
     assert not list(folder.glob("*.gguf"))
-    cached, tokenizer = models._load_cached(spec, torch.float32, "cpu", progress=False)
+    cached, tokenizer = models._load_cached(spec, torch.float32, "cpu", progress=False, role="target")
     x = random_contexts(n=4)
     with torch.no_grad():
         assert torch.equal(cached(x).logits, model(x).logits)  # float32 GGUF -> safetensors is exact
