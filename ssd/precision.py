@@ -2,7 +2,8 @@
 
 Precision decides the regime speculation runs in (../README.md, "The regime"). On a CPU a float32 pass over K + 1
 tokens costs two or more one-token steps; in bfloat16, on a CPU with native bfloat16 dot products (avx512_bf16,
-AMX), it costs about one step, as on a GPU; an int8 draft costs a fraction of the target's step. Both ratios decide
+AMX), it costs about 1.2 steps (with float32 logits), near a GPU's one; an int8 draft costs a fraction of the
+target's step. Both ratios decide
 what SD and SSD can gain, and both are properties of the machine, so ``auto`` measures them instead of guessing:
 
 - target: float32, or bfloat16 where the CPU has native bfloat16 arithmetic, whichever verifies K + 1 tokens faster
@@ -12,7 +13,7 @@ what SD and SSD can gain, and both are properties of the machine, so ``auto`` me
 - draft: float32, bfloat16 (where native) or int8, whichever drafts one token fastest. The draft's precision
   changes only speed and acceptance, never the output.
 
-The measurement takes about half a minute once per machine, pair and torch version (one thread, context 128); the
+The measurement takes about a minute once per machine, pair and torch version (one thread, context 128); the
 decision, its timings and its reason are kept in the user cache and recorded in every bench JSON and notebook.
 
 int8 is torch's dynamic quantization of the linear layers (weights int8, activations quantized per call), CPU only.
@@ -126,8 +127,8 @@ class FloatLogits(torch.nn.Module):
     In bfloat16 the logits of this pair's likeliest tokens (16 to 32) sit on a grid 0.125 apart, so near-ties become
     exact ties broken by token id, and a verify pass over K + 1 tokens breaks them differently from AR's one-token
     pass: with a bfloat16 head 4 of 32 HumanEval prompts left AR's greedy output (every time at a margin of 0 or one
-    grid step), with this one 1 of 16 did. It costs reading the head's weights in float32 (0.9 GB instead of 0.47 for
-    the 1.5B target's untied head).
+    grid step), with this one none of 32 did (README, wall-clock findings). It costs reading the head's weights in
+    float32 (0.93 GB instead of 0.47 for the 1.5B target's untied head).
     """
 
     def __init__(self, head: torch.nn.Linear):
