@@ -189,7 +189,8 @@ def weight_bytes(model) -> int:
     for m in model.modules():
         if isinstance(m, torch.ao.nn.quantized.dynamic.Linear):  # packed: int8 weight, float bias, no parameters
             weight, bias = m.weight(), m.bias()
-            total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
+            total += weight.numel() * weight.element_size()
+            total += bias.numel() * bias.element_size() if bias is not None else 0
     return total
 
 
