@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -11,11 +10,10 @@ from . import bench, course, experiments, profile, sweep
 from .cores import check_cores
 from .methods import METHODS, get_method, parse_methods
 from .files import cache_dir, write_csv, write_json
-from .models import DEFAULT_PAIR, PAIRS, load_pair
+from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
 from .precision import CHOICES, capability_line, check_precision
 from .outcomes import STRATEGIES, check_strategy
-from .pipeline import (PipelineConfig, close_pipelines, env_rank, serve_torchrun,
-                       stop_unused_torchrun_drafter)
+from .pipeline import PipelineConfig, PipelineError
 from .prompts import Prompt, encode, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
@@ -234,30 +232,17 @@ def main(argv=None) -> int:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "sweep": cmd_sweep,
                     "course": cmd_course, "profile": cmd_profile, "models": cmd_models}
         return commands[args.command](args) or 0
-    except ValueError as e:  # bad input: one clear line, no traceback
+    except (ValueError, ModelLoadError) as e:  # bad input, or a model that cannot be had: one clear line
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except PipelineError as e:  # the other rank died, hung or raised: the message already names the cause
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 1
 
 
-def torchrun_main(argv=None) -> int:
-    """`torchrun --nproc-per-node 2 -m ssd.pipeline ARGS`: rank 0 runs `python -m ssd ARGS` (use the method
-    ssd-pipeline there), rank 1 loads the draft of --pair on --drafter-cores and serves drafts until rank 0 is done."""
-    rank = env_rank()
-    if rank is None:
-        print("ssd.pipeline runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.pipeline bench --methods "
-              "ar,ssd-pipeline ... (see README). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
-              "the drafter itself.", file=sys.stderr)
-        return 2
-    args = build_parser().parse_args(argv)
-    if not hasattr(args, "drafter_cores"):  # a command that decodes nothing (models): rank 1 has nothing to serve
-        return main(argv) if rank == 0 else 0
-    device = torch.device(args.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if rank == 1:
-        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
-    try:
-        return main(argv)
-    finally:
-        close_pipelines()
-        stop_unused_torchrun_drafter(device)
+def one_line(error: PipelineError) -> str:
+    """A pipeline fault's message without the drafter's traceback: rank 0's cause, then the traceback's last line
+    (the drafter's exception) where it sent one."""
+    first, *rest = str(error).splitlines()
+    raised = [line.strip() for line in rest if line.strip()]
+    return f"{first} {raised[-1]}" if raised else first

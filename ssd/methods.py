@@ -21,8 +21,8 @@ def generate_sd_1core(pair, prompt_ids, config, generator):
 
 
 def generate_ssd_pipeline(pair, prompt_ids, config, generator):
-    """SSD with the drafter in a second process or device: ssd.pipeline.generate_ssd_pipeline. Imported on first use,
-    so that `python -m ssd.pipeline` (torchrun) finds no copy of that module loaded before it runs."""
+    """SSD with the drafter in a second process or device: ssd.pipeline.generate_ssd_pipeline. Imported on first use:
+    torch.distributed's import costs a second, and no other method needs it."""
     from .pipeline import generate_ssd_pipeline as generate
 
     return generate(pair, prompt_ids, config, generator)

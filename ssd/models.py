@@ -38,7 +38,11 @@ DEFAULT_PAIR = "qwen2.5-coder"
 TINY_PAIR = "tiny"
 
 
-class ModelPartError(RuntimeError):
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded (the hub unreachable, an unknown id, missing files); the message is one line."""
+
+
+class ModelPartError(ModelLoadError):
     """A chunk package of a shipped model is missing, or the joined file has the wrong sha256."""
 
 
@@ -474,9 +478,10 @@ def _load_hub_model(model_id: str):
         where = ("the local folder" if local else
                  "the Hugging Face hub could not be reached and it is not in the local cache" if offline else
                  "the Hugging Face hub")
-        detail = str(e).strip().rstrip(".")
-        raise RuntimeError(f"pair: could not load model {model_id!r} ({where}): {detail}. Without the hub, the "
-                           f"offline default pair is {DEFAULT_PAIR!r} (load_pair({DEFAULT_PAIR!r})).") from e
+        detail = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__  # the cause
+        # is on the first line; transformers' advice about offline mode follows it
+        raise ModelLoadError(f"pair: could not load model {model_id!r} ({where}): {detail}. Without the hub, the "
+                             f"offline default pair is {DEFAULT_PAIR!r} (load_pair({DEFAULT_PAIR!r})).") from e
     return model, tokenizer
 
 

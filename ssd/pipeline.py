@@ -20,7 +20,7 @@ generate_ssd's tokens for the same generator (up to float ties where the two pro
 different thread counts), and at temperature 0 the target's own greedy tokens.
 
 Launch: ``Pipeline(pair)``, or the method ``generate_ssd_pipeline``, spawns rank 1 as a child process that loads the
-draft itself and serves every later call. Under torchrun both ranks run ``python -m ssd.pipeline ARGS``: rank 0 runs
+draft itself and serves every later call. Under torchrun both ranks run ``python -m ssd.torchrun ARGS``: rank 0 runs
 ``python -m ssd ARGS``, whose method ssd-pipeline talks to rank 1, the job's other process (README: two GPUs, two
 hosts).
 
@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import re
 import signal
 import socket
 import sys
@@ -149,7 +150,15 @@ class Channel:
             if deadline is not None and time.monotonic() > deadline:
                 raise PipelineError(f"no reply within {limit}={timeout_s:g} s while {doing}")
         if failed:
-            raise PipelineError(f"the link to the other rank broke while {doing} ({str(failed[0]).splitlines()[0]})")
+            raise PipelineError(f"the link to the other rank broke while {doing} ({_link_error(failed[0])})")
+
+
+def _link_error(error: Exception) -> str:
+    """gloo's reason alone ("Read error [127.0.0.1]:13730: Connection reset by peer"), without its source path and
+    its advice, which the drafter's own exit code and traceback replace (Pipeline._explain)."""
+    text = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically caused")[0]
 
 
 def init_group(backend: str, store, rank: int, device: torch.device, timeout_s: float) -> Channel:
@@ -565,10 +574,3 @@ def stop_unused_torchrun_drafter(device) -> None:
     finally:
         dist.destroy_process_group()
 
-
-if __name__ == "__main__":
-    # `torchrun -m ssd.pipeline ARGS`: the entry point lives with the command line, which sits above this module
-    # (it imports the package's copy of this module, the one the methods use, not this __main__ copy).
-    from ssd.cli import torchrun_main
-
-    sys.exit(torchrun_main())

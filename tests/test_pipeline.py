@@ -365,10 +365,10 @@ def free_port() -> int:
 
 
 def test_torchrun_ranks_serve_the_same_tokens(monkeypatch):
-    """Rank 1 as torchrun starts it (`python -m ssd.pipeline ARGS`), rank 0 here; the same env on both."""
+    """Rank 1 as torchrun starts it (`python -m ssd.torchrun ARGS`), rank 0 here; the same env on both."""
     close_pipelines()
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    drafter = subprocess.Popen([sys.executable, "-m", "ssd.pipeline", "generate", "--pair", "tiny", "--prompt", "x",
+    drafter = subprocess.Popen([sys.executable, "-m", "ssd.torchrun", "generate", "--pair", "tiny", "--prompt", "x",
                                 "--drafter-cores", DRAFTER], env=os.environ | env)
     try:
         for key, value in (env | {"RANK": "0"}).items():

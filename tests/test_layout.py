@@ -1,0 +1,65 @@
+"""The package's layering: imports flow one way, so no module of ssd/ reaches back up to one that imports it."""
+import ast
+import pathlib
+
+import ssd
+
+PACKAGE = pathlib.Path(ssd.__file__).parent
+
+
+def imports(path: pathlib.Path) -> set[str]:
+    """The ssd modules a file imports, at its top or inside a function (a local import still makes a cycle)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 1:  # from .x import y, or from . import x, y
+            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        elif node.level == 0 and node.module and node.module.split(".")[0] == "ssd":
+            parts = node.module.split(".")
+            found.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+    return found - {path.stem}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    return {p.stem: imports(p) & modules for p in PACKAGE.glob("*.py")}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path [a, b, ..., a], or None: a depth-first search for an edge back onto its stack."""
+    state, stack = {}, []
+
+    def visit(module):
+        state[module] = "open"
+        stack.append(module)
+        for dep in sorted(edges.get(module, ())):
+            if state.get(dep) == "open":
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(edges):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_accepts_a_chain():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_in_the_package():
+    edges = graph()
+    assert {"cli", "pipeline", "methods", "models"} <= set(edges)  # the graph was read, not empty
+    assert "methods" in edges["cli"] and "pipeline" in edges["methods"]
+    found = cycle(edges)
+    assert found is None, f"import cycle: {' -> '.join(found)}"
+
+
+def test_the_pipeline_knows_nothing_of_the_command_line():
+    assert not graph()["pipeline"] & {"cli", "torchrun", "bench", "course", "sweep"}
