@@ -3,6 +3,7 @@ latency profiles at several precisions."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pandas as pd
 import torch
@@ -33,13 +34,24 @@ def hit_rate_curves(rounds: pd.DataFrame, budgets, k: int, strategies, a_p: floa
     return pd.DataFrame(rows)
 
 
+MIN_CI_N = 3  # a t-interval from two values says little, and at n = 2 its half-width is 12.7 standard errors
+RATES = ("acceptance_rate", "hit_rate")  # fractions: neither they nor their intervals may leave [0, 1]
+
+
 def mean_ci(frame: pd.DataFrame, by, value: str, level: float = 0.95) -> pd.DataFrame:
-    """Mean of `value` over the rows of each group (prompts), with a Student-t confidence interval."""
+    """Mean of `value` over the rows of each group (prompts), with a Student-t confidence interval.
+
+    A group of fewer than MIN_CI_N rows gets no interval (NaN). The interval of a rate (a value in RATES) is clipped
+    to [0, 1]: the t-interval is symmetric, a rate is not, and near 0 or 1 it would otherwise promise the impossible.
+    """
+    low, high = (0.0, 1.0) if value in RATES else (-math.inf, math.inf)
 
     def one(g):
         n, mean = len(g), g[value].mean()
-        half = stats.t.ppf((1 + level) / 2, n - 1) * g[value].std(ddof=1) / n**0.5 if n > 1 else float("nan")
-        return pd.Series({"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n})
+        if n < MIN_CI_N:
+            return pd.Series({"mean": mean, "ci_low": math.nan, "ci_high": math.nan, "n": n})
+        half = stats.t.ppf((1 + level) / 2, n - 1) * g[value].std(ddof=1) / n**0.5
+        return pd.Series({"mean": mean, "ci_low": max(mean - half, low), "ci_high": min(mean + half, high), "n": n})
 
     # dropna=False: a NaN key is a setting too (uniform's assumed_a_p, say), not a row to lose.
     return frame.groupby(by, sort=False, dropna=False)[[value]].apply(one).reset_index()

@@ -2,8 +2,8 @@
 
 Error bars are 95% Student-t confidence intervals over prompts (`ssd.experiments.mean_ci`), never seaborn's
 bootstrap, so a figure is a deterministic function of its frame. Where a frame holds several rows per prompt and
-setting (seeds, rounds), they are averaged per prompt first: the sample is the prompts. A group of one prompt has no
-interval; it is drawn without an error bar.
+setting (seeds, rounds), they are averaged per prompt first: the sample is the prompts. A rate's interval is clipped
+to [0, 1]. A group of fewer than 3 prompts has no interval: it is drawn without an error bar, and the legend says so.
 
 The style (seaborn "whitegrid", one palette) is applied while a figure is built, without touching the global
 rcParams. `save` writes a PNG atomically; `coloured_tokens` renders a generated text coloured by each token's role.
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from .experiments import fitted_a_p, mean_ci
+from .experiments import MIN_CI_N, RATES, fitted_a_p, mean_ci
 from .files import atomic_path
 from .outcomes import fit_power_law, miss_rates, outcome_probabilities
 from .theory import expected_tokens
@@ -30,6 +30,8 @@ FIGSIZE = (7.0, 4.5)
 DPI = 120
 LEVEL = 0.95
 CI_LABEL = "mean ± 95% CI over prompts"
+RATE_CI_LABEL = "mean ± 95% CI over prompts, clipped to [0, 1]"
+NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompts"
 
 # Token roles and their colours (backgrounds, light enough to read black text on).
 ROLES = ("accepted", "recovered", "bonus", "target")
@@ -106,6 +108,14 @@ def summarise(frame: pd.DataFrame, by, value: str) -> pd.DataFrame:
     return out
 
 
+def ci_label(*summaries: pd.DataFrame, value: str | None = None) -> str:
+    """What the error bars of these summarise() frames are: an interval (clipped for a rate) or, where a group had
+    too few prompts, none."""
+    if any((s["n"] < MIN_CI_N).any() for s in summaries):
+        return NO_CI_LABEL
+    return RATE_CI_LABEL if value in RATES else CI_LABEL
+
+
 def _dodge(ax, x, i: int, n: int, share: float = 0.08):
     """x of series i of n shifted sideways so error bars at one x do not overlap, on the axis's scale (linear, log,
     symlog: set the scale first). The shift is a small share of the smallest gap between x values; the data stay in
@@ -148,14 +158,14 @@ def acceptance_vs_k(frame: pd.DataFrame, column: str = "acceptance_rate"):
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(len(groups))
-        for i, (t, g) in enumerate(groups):
-            s = summarise(g, "k", column).sort_values("k")
-            label = CI_LABEL if hue is None else _fmt(t)
-            _errorbar(ax, _dodge(ax, s["k"], i, len(groups)), s, label=label, colour=pal[i])
+        summaries = [summarise(g, "k", column).sort_values("k") for _, g in groups]
+        bars = ci_label(*summaries, value="acceptance_rate")
+        for i, ((t, _), s) in enumerate(zip(groups, summaries)):
+            _errorbar(ax, _dodge(ax, s["k"], i, len(groups)), s, label=bars if hue is None else _fmt(t), colour=pal[i])
         ax.set_xticks(sorted(_order(frame["k"])))
         ax.set(xlabel="draft length K", ylabel="acceptance rate a", ylim=(0, 1.05),
                title="Acceptance rate a vs draft length K")
-        ax.legend(title="temperature" if hue else None)
+        ax.legend(title=f"temperature ({bars})" if hue else None)
     return fig
 
 
@@ -185,7 +195,7 @@ def tokens_per_round(frame: pd.DataFrame, a_by: str = "k", column: str = "accept
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(2)
-        _errorbar(ax, ks, measured, label=f"measured, {CI_LABEL}", colour=pal[0])
+        _errorbar(ax, ks, measured, label=f"measured, {ci_label(measured)}", colour=pal[0])
         ax.plot(ks, theory, "s--", color=pal[1], label=theory_label)
         ax.set_xticks(ks)
         ax.set(xlabel="draft length K", ylabel="tokens per round", ylim=(0, None),
@@ -240,15 +250,16 @@ def hit_rate_vs_budget(frame: pd.DataFrame):
         fig, ax = plt.subplots()
         ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
         pal = colours(len(strategies))
-        for i, strategy in enumerate(strategies):
-            s = summarise(frame[frame["strategy"] == strategy], "budget", "hit_rate").sort_values("budget")
+        summaries = [summarise(frame[frame["strategy"] == strategy], "budget", "hit_rate").sort_values("budget")
+                     for strategy in strategies]
+        for i, (strategy, s) in enumerate(zip(strategies, summaries)):
             _errorbar(ax, _dodge(ax, s["budget"], i, len(strategies)), s, label=str(strategy), colour=pal[i])
         ax.set_xticks(budgets)
         ax.set_xticklabels([_fmt(b) for b in budgets])
         ax.minorticks_off()
         ax.set(xlabel="budget B (cached outcomes)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs budget B")
-        ax.legend(title=f"fan-out ({CI_LABEL})")
+        ax.legend(title=f"fan-out ({ci_label(*summaries, value='hit_rate')})")
     return fig
 
 
@@ -323,21 +334,22 @@ def ap_sensitivity(frame: pd.DataFrame, fitted_a_p: float | None = None):
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(len(groups) + 2)
-        for i, (strategy, g) in enumerate(groups):
-            s = summarise(g, "assumed_a_p", "hit_rate").sort_values("assumed_a_p")
-            label = CI_LABEL if strategy is None else str(strategy)
+        summaries = [summarise(g, "assumed_a_p", "hit_rate").sort_values("assumed_a_p") for _, g in groups]
+        bars = ci_label(*summaries, value="hit_rate")
+        for i, ((strategy, _), s) in enumerate(zip(groups, summaries)):
+            label = bars if strategy is None else str(strategy)
             _errorbar(ax, _dodge(ax, s["assumed_a_p"], i, len(groups)), s, label=label, colour=pal[i])
         if not uniform.empty:
             u = summarise(uniform.assign(_all=0), "_all", "hit_rate").iloc[0]
             grey = "0.35"
             ax.axhline(u["mean"], ls="--", color=grey, label=f"uniform ({u['mean']:.2f})")
-            if u["n"] > 1:
+            if u["n"] >= MIN_CI_N:
                 ax.axhspan(u["ci_low"], u["ci_high"], color=grey, alpha=0.12, lw=0)
         if fitted_a_p is not None:
             ax.axvline(fitted_a_p, ls=":", color=pal[len(groups)], label=f"fitted a_p = {fitted_a_p:.2f}")
         ax.set(xlabel="assumed a_p (geometric fan-out)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs the a_p the fan-out assumes")
-        ax.legend(title="fan-out" if has_strategy else None)
+        ax.legend(title=f"fan-out ({bars})" if has_strategy else None)
     return fig
 
 
@@ -350,27 +362,34 @@ def pareto_front(x, y) -> list[int]:
 
 
 def saguaro_pareto(frame: pd.DataFrame):
-    """Acceptance rate (x) against hit rate (y), one point per Saguaro C with mean ± CI on both axes, labelled
-    "C=…", and the Pareto front joined by a line. Columns saguaro_c, prompt_id, acceptance_rate, hit_rate."""
+    """Acceptance rate (x) against hit rate (y), one point per Saguaro C with mean ± CI on both axes (a colour and a
+    legend entry per C, so labels never overlap), and the Pareto front joined by a line. Both axes stay in [0, 1].
+    Columns saguaro_c, prompt_id, acceptance_rate, hit_rate."""
     _check(frame, ["saguaro_c", "prompt_id", "acceptance_rate", "hit_rate"], "saguaro_pareto")
     acc = summarise(frame, "saguaro_c", "acceptance_rate")
     hit = summarise(frame, "saguaro_c", "hit_rate")
-    s = acc.merge(hit, on="saguaro_c", suffixes=("_a", "_h")).sort_values("saguaro_c").reset_index(drop=True)
+    s = acc.merge(hit, on="saguaro_c", suffixes=("_a", "_h")).sort_values("saguaro_c", ascending=False)
+    s = s.reset_index(drop=True)
     front = pareto_front(s["mean_a"], s["mean_h"])
     with _styled():
         fig, ax = plt.subplots()
-        pal = colours(2)
-        ax.errorbar(s["mean_a"].to_numpy(float), s["mean_h"].to_numpy(float),
-                    xerr=s[["err_low_a", "err_high_a"]].to_numpy(float).T,
-                    yerr=s[["err_low_h", "err_high_h"]].to_numpy(float).T, fmt="o", capsize=4, color=pal[0],
-                    label=CI_LABEL)
-        for _, row in s.iterrows():
-            ax.annotate(f"C={_fmt(row['saguaro_c'])}", (row["mean_a"], row["mean_h"]), textcoords="offset points",
-                        xytext=(6, 6), fontsize="small")
-        ax.plot(s.loc[front, "mean_a"], s.loc[front, "mean_h"], "-", color=pal[1], lw=1.5, label="Pareto front")
+        pal = colours(len(s) + 1)
+        for i, row in s.iterrows():
+            ax.errorbar(row["mean_a"], row["mean_h"], xerr=[[row["err_low_a"]], [row["err_high_a"]]],
+                        yerr=[[row["err_low_h"]], [row["err_high_h"]]], fmt="o", capsize=4, color=pal[i],
+                        label=f"C = {_fmt(row['saguaro_c'])}")
+        ax.plot(s.loc[front, "mean_a"], s.loc[front, "mean_h"], "-", color="0.4", lw=1.5, label="Pareto front")
+        ax.set_xlim(*_rate_limits(s["mean_a"] - s["err_low_a"], s["mean_a"] + s["err_high_a"]))
+        ax.set_ylim(*_rate_limits(s["mean_h"] - s["err_low_h"], s["mean_h"] + s["err_high_h"]))
         ax.set(xlabel="acceptance rate a", ylabel="hit rate", title="Saguaro C: acceptance rate vs hit rate")
-        ax.legend()
+        ax.legend(title=ci_label(acc, hit, value="hit_rate"), loc="upper left", bbox_to_anchor=(1.01, 1),
+                  fontsize="small", title_fontsize="small")
     return fig
+
+
+def _rate_limits(low, high, pad: float = 0.05) -> tuple[float, float]:
+    """Axis limits around [min(low), max(high)] with a margin, never beyond [0, 1] (plus room for the markers)."""
+    return max(float(np.min(low)) - pad, -0.02), min(float(np.max(high)) + pad, 1.02)
 
 
 def wall_clock(frame: pd.DataFrame):
@@ -386,7 +405,7 @@ def wall_clock(frame: pd.DataFrame):
         fig, ax = plt.subplots()
         pal = colours(len(methods) + 1)
         ax.bar(x, s["mean"].to_numpy(float), yerr=s[["err_low", "err_high"]].to_numpy(float).T, capsize=5,
-               color=pal[: len(methods)], alpha=0.9, label=CI_LABEL)
+               color=pal[: len(methods)], alpha=0.9, label=ci_label(s))
         if "predicted_tokens_per_s" in frame.columns:
             pred = frame["predicted_tokens_per_s"].astype(float).groupby(frame["method"], sort=False).mean()
             pred = pred.reindex(methods)
@@ -423,7 +442,8 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
         ax.set_xticks(np.arange(len(groups)))
         ax.set_xticklabels(groups)
         ax.set(xlabel=group or "", ylabel=f"speed-up over {baseline}", title=f"Wall clock: speed-up over {baseline}")
-        ax.legend(title=f"method\n({CI_LABEL})", loc="upper left", bbox_to_anchor=(1.01, 1))  # clear of the bars
+        # The legend sits right of the axes, clear of the bars.
+        ax.legend(title=f"method\n({ci_label(s.reset_index())})", loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 

@@ -1,6 +1,8 @@
 """The notebooks' experiment functions and lossless checks, on tiny random pairs."""
 import dataclasses
+import math
 
+import pandas as pd
 import pytest
 
 from ssd import experiments
@@ -125,3 +127,13 @@ def test_atomic_writes_leave_ordinary_file_permissions(tmp_path):
     write_csv(pd.DataFrame({"a": [1]}), str(tmp_path / "out.csv"))
     assert os.stat(tmp_path / "out.csv").st_mode & 0o777 == 0o666 & ~_umask()
     assert os.listdir(tmp_path) == ["out.csv"]
+
+
+def test_mean_ci_gives_no_interval_from_fewer_than_3_and_keeps_rates_in_0_1():
+    frame = pd.DataFrame({"g": [1, 1, 1, 2, 2], "hit_rate": [1.0, 1.0, 0.4, 0.5, 0.6]})
+    out = experiments.mean_ci(frame, "g", "hit_rate").set_index("g")
+    assert out.loc[1, "ci_high"] == 1.0 and 0.0 <= out.loc[1, "ci_low"] < out.loc[1, "mean"]
+    assert math.isnan(out.loc[2, "ci_low"]) and math.isnan(out.loc[2, "ci_high"]) and out.loc[2, "mean"] == 0.55
+    # The same numbers as a value that is not a rate: the t-interval as it is, past 1.
+    unbounded = experiments.mean_ci(frame.rename(columns={"hit_rate": "speedup"}), "g", "speedup").set_index("g")
+    assert unbounded.loc[1, "ci_high"] > 1.0

@@ -77,7 +77,7 @@ def test_acceptance_vs_k_hue_and_ci(tmp_path):
     assert len(bars) == 2  # one series per temperature
     ax = fig.axes[0]
     assert ax.get_xlabel() == "draft length K" and ax.get_ylabel() == "acceptance rate a"
-    assert ax.get_legend().get_title().get_text() == "temperature"
+    assert ax.get_legend().get_title().get_text() == f"temperature ({plots.RATE_CI_LABEL})"
     # The drawn means and bars are mean_ci's, over prompts.
     line = bars[0].lines[0]
     expected = mean_ci(frame[frame.temperature == 0.0], "k", "acceptance_rate").sort_values("k")
@@ -200,9 +200,12 @@ def test_saguaro_pareto(tmp_path):
                           for c, (a, h) in means.items() for i, p in enumerate(PROMPTS)])
     fig = plots.saguaro_pareto(frame)
     ax = fig.axes[0]
-    (bars,) = errorbars(fig)
-    assert bars.has_xerr and bars.has_yerr and len(bars.lines[0].get_xdata()) == 4
-    assert sorted(t.get_text() for t in ax.texts) == ["C=0", "C=0.25", "C=0.5", "C=1"]
+    bars = errorbars(fig)
+    assert len(bars) == 4 and all(b.has_xerr and b.has_yerr for b in bars)  # one point per C
+    # Told apart by the legend, not by text beside the points (which overlapped where Cs lie close).
+    assert [b.get_label() for b in bars] == ["C = 1", "C = 0.5", "C = 0.25", "C = 0"] and not ax.texts
+    assert ax.get_legend().get_title().get_text() == plots.RATE_CI_LABEL
+    assert min(ax.get_xlim()[0], ax.get_ylim()[0]) >= -0.02 and max(ax.get_xlim()[1], ax.get_ylim()[1]) <= 1.02
     (front,) = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto front"]
     np.testing.assert_allclose(front.get_xdata(), [0.51, 0.69, 0.71])
     assert png_digest(fig, tmp_path, "1.png") == png_digest(plots.saguaro_pareto(frame), tmp_path, "2.png")
@@ -330,3 +333,22 @@ def test_roles_match_a_real_trace(method):
             assert tokens[end] == r.token and roles[end] != "accepted"
     html = plots.coloured_tokens(None, tokens, trace.to_frame()).data
     assert html.count("<span") == len(tokens) + 4
+
+
+def test_rate_intervals_stay_in_0_1_and_none_is_drawn_from_fewer_than_3_prompts():
+    # Hit rates near 1 with one low prompt: the t-interval would run past 1; clipped, it stops there.
+    frame = pd.DataFrame([{"prompt_id": p, "strategy": "uniform", "budget": b, "hit_rate": h}
+                          for b in (1, 4) for p, h in zip(PROMPTS, (1.0, 1.0, 0.4))])
+    fig = plots.hit_rate_vs_budget(frame)
+    (bar,) = errorbars(fig)
+    tops = np.max([c.get_ydata() for c in bar.lines[1]], axis=0)
+    bottoms = np.min([c.get_ydata() for c in bar.lines[1]], axis=0)
+    assert (tops <= 1.0).all() and (bottoms >= 0.0).all() and np.isclose(tops, 1.0).all()
+    assert plots.RATE_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
+    # Two prompts: no interval, and the legend says why.
+    fig = plots.hit_rate_vs_budget(frame[frame.prompt_id != "p2"])
+    (bar,) = errorbars(fig)
+    np.testing.assert_allclose(*[c.get_ydata() for c in bar.lines[1]])
+    assert plots.NO_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
+    # A speed-up is not a rate: its interval is not clipped.
+    assert plots.ci_label(plots.summarise(frame, "budget", "hit_rate")) == plots.CI_LABEL
