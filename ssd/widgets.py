@@ -3,7 +3,12 @@
 Never the only way to run anything: the function is plain Python (a lambda over `ssd.experiments`), called once at
 the defaults as soon as the explorer is built, so a headless run (papermill, nbval) computes the default result and
 `.result` holds it for a plain cell after the widget cell to check. Sliders do not re-run while dragged
-(continuous_update=False): one decode per release, not one per pixel.
+(continuous_update=False): one run per release, not one per pixel.
+
+A slow function (a decode: seconds a run on the real pair) gets a Run button instead (run_button=True, the SD and
+budget explorers): a slider's arrow keys change its value once per press, and re-running on every change queued one
+decode per press. Then a change only marks the result stale, and Run runs once. A status line says what is running
+and, after, how long it took.
 
 A control is one of
 - (min, max, step, default): a slider, IntSlider when all four are integers, else FloatSlider;
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import time
 
 import ipywidgets as widgets
 
@@ -89,7 +95,7 @@ class Explorer(widgets.interactive):
     are shown in the widget's output, as interactive does, and kept in `.error`.
     """
 
-    def __init__(self, fn, controls: dict):
+    def __init__(self, fn, controls: dict, run_button: bool = False):
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {type(fn).__name__}")
         if not controls:
@@ -99,19 +105,42 @@ class Explorer(widgets.interactive):
         self.fn = fn
         self.error: BaseException | None = None
         self.calls = 0
-        super().__init__(self._call, {"manual": False, "auto_display": True}, **built)
+        self.status = widgets.Label()  # before interactive's first run, which writes to it
+        super().__init__(self._call, {"manual": run_button, "manual_name": "Run", "auto_display": True}, **built)
         self.controls = {w._kwarg: w for w in self.kwargs_widgets}
+        self.children = (*self.children[:-1], self.status, self.children[-1])  # above the output
+        if run_button:
+            for w in self.kwargs_widgets:
+                w.observe(self._stale, names="value")
+            self.update()  # interactive runs a manual one only on a click; the result at the defaults is wanted now
         if self.error is not None:
             raise self.error
+
+    @property
+    def run_button(self) -> widgets.Button | None:
+        return getattr(self, "manual_button", None)
+
+    def _stale(self, change) -> None:
+        self.status.value = "settings changed: press Run to decode with them"
 
     def _call(self, **kwargs):
         self.calls += 1
         self.error = None
+        shown = ", ".join(f"{LABELS.get(k, k)} {v}" for k, v in kwargs.items())
+        self.status.value = f"running ({shown}) ..."
+        if self.run_button is not None:
+            self.run_button.disabled = True  # one run at a time: clicks while it runs are not queued
+        start = time.perf_counter()
         try:
             result = self.fn(**kwargs)
         except BaseException as e:
             self.error = e
+            self.status.value = f"failed ({shown}): {type(e).__name__}"
             raise
+        finally:
+            if self.run_button is not None:
+                self.run_button.disabled = False
+        self.status.value = f"ran ({shown}) in {time.perf_counter() - start:.1f} s"
         # A pyplot figure would be drawn twice under the inline backend (flushed, then displayed as the result);
         # detached from pyplot it is displayed once, and a re-run does not pile up open figures.
         _detach_figure(result)
@@ -133,17 +162,19 @@ def _detach_figure(result) -> None:
         plt.close(result)
 
 
-def explorer(fn, **controls) -> Explorer:
-    """Widgets over fn(**values): one control per keyword (see the module docstring), fn run at the defaults now."""
-    return Explorer(fn, controls)
+def explorer(fn, run_button: bool = False, **controls) -> Explorer:
+    """Widgets over fn(**values): one control per keyword (see the module docstring), fn run at the defaults now;
+    run_button=True for a slow fn (a change then waits for a click on Run)."""
+    return Explorer(fn, controls, run_button)
 
 
 def sd_explorer(run) -> Explorer:
-    """run(k=..., temperature=...): K from 1 to 8 (default 4), temperature 0 to 1.5 in steps of 0.1 (default 0)."""
-    return Explorer(run, dict(SD_CONTROLS))
+    """run(k=..., temperature=...): K from 1 to 8 (default 4), temperature 0 to 1.5 in steps of 0.1 (default 0).
+    A decode per run: behind a Run button."""
+    return Explorer(run, dict(SD_CONTROLS), run_button=True)
 
 
 def budget_explorer(run) -> Explorer:
     """run(budget=..., strategy=...): budget B in 0, 1, 2, 4, ..., 32 (default 8), strategy uniform / geometric /
-    calibrated (default uniform)."""
-    return Explorer(run, dict(BUDGET_CONTROLS))
+    calibrated (default uniform). A decode per run: behind a Run button."""
+    return Explorer(run, dict(BUDGET_CONTROLS), run_button=True)

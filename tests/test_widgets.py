@@ -33,7 +33,7 @@ def test_explorer_runs_once_at_defaults_then_on_change():
     assert isinstance(ui.controls["temperature"], widgets.FloatSlider)
     assert isinstance(ui.controls["strategy"], widgets.Dropdown)
     assert not ui.controls["k"].continuous_update and not ui.controls["temperature"].continuous_update
-    assert ui.controls["k"].description == "K"
+    assert ui.controls["k"].description == "K" and ui.run_button is None  # fast: it runs on each change
     ui.controls["k"].value = 6
     assert calls[-1] == (6, 0.7, "uniform") and ui.result == 60 and len(calls) == 2
     ui.controls["strategy"].value = "geometric"
@@ -53,8 +53,27 @@ def test_sd_and_budget_explorers():
     assert run.calls == [{"budget": 8, "strategy": "uniform"}]
     assert list(ui.controls["budget"].options) == [0, 1, 2, 4, 8, 16, 32]
     assert list(ui.controls["strategy"].options) == ["uniform", "geometric", "calibrated"]
+    # A decode per run: a change waits for Run (arrow keys on a slider used to queue one decode per press).
     ui.controls["budget"].value = 0
-    assert run.calls[-1] == {"budget": 0, "strategy": "uniform"}
+    ui.controls["budget"].value = 1
+    assert len(run.calls) == 1 and "press Run" in ui.status.value
+    ui.run_button.click()
+    assert run.calls[-1] == {"budget": 1, "strategy": "uniform"} and len(run.calls) == 2
+    assert ui.status.value.startswith("ran (budget B 1, fan-out uniform) in ") and not ui.run_button.disabled
+
+
+def test_the_status_says_what_runs_and_the_button_is_off_meanwhile():
+    seen = []
+
+    def run(k, temperature):
+        seen.append((ui.status.value, ui.run_button.disabled))
+        return k
+
+    ui = sd_explorer(lambda k, temperature: k)  # build first: the run at the defaults happens inside
+    ui.fn = run
+    ui.run_button.click()
+    assert seen == [("running (K 4, temperature 0.0) ...", True)]
+    assert ui.status.value.startswith("ran (K 4, temperature 0.0) in ")
 
 
 def test_figure_results_are_detached_from_pyplot():
