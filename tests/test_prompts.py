@@ -1,0 +1,93 @@
+"""Prompt sets in Spec-Bench's format: categories, every turn, @N per category, later turns after their answers."""
+from pathlib import Path
+
+import pytest
+
+from ssd.cli import main
+from ssd.models import ToyTokenizer
+from ssd.prompts import TURN_SEPARATOR, Prompt, encode, first_turns, load_prompts
+
+# Hand-written rows of every Spec-Bench task kind: MT-bench (writing, two turns each), translation, summarization, qa,
+# math_reasoning, rag; 9 rows, categories in file order.
+SPEC_BENCH = str(Path(__file__).parent / "data" / "spec_bench.jsonl")
+CATEGORIES = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
+
+
+def test_a_spec_bench_row_keeps_its_category_and_every_turn():
+    prompts = load_prompts(SPEC_BENCH)
+    assert [p.id for p in prompts] == [str(i) for i in range(1, 10)]
+    assert list(dict.fromkeys(p.category for p in prompts)) == CATEGORIES
+    first = prompts[0]
+    assert first.chat and len(first.turns) == 2 and first.text == first.turns[0]
+    assert first.turns[1].startswith("Rewrite your previous answer")
+    assert all(len(p.turns) == 1 for p in prompts if p.category != "writing")
+    assert [len(p.turns) for p in first_turns(prompts)] == [1] * 9
+    assert {p.category for p in load_prompts("humaneval:2") + load_prompts("prose:2")} == {"humaneval", "prose"}
+
+
+def test_at_n_takes_the_first_n_of_each_category_in_file_order():
+    assert [p.id for p in load_prompts(f"{SPEC_BENCH}@1")] == ["1", "3", "5", "6", "8", "9"]
+    assert [p.id for p in load_prompts(f"{SPEC_BENCH}@2")] == [str(i) for i in range(1, 10)]
+    assert [p.id for p in load_prompts(f"{SPEC_BENCH}@5")] == [str(i) for i in range(1, 10)]
+    assert [p.id for p in load_prompts("humaneval@3")] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
+@pytest.mark.parametrize(
+    "suffix,message",
+    [("@0", "@N takes N >= 1 prompts per category"), ("@x", "@N takes one integer N >= 1"),
+     ("@2:3", "@N takes one integer N >= 1"), ("@-1", "@N takes one integer N >= 1")],
+)
+def test_a_bad_per_category_spec_fails_with_one_line_naming_it(suffix, message, capsys):
+    with pytest.raises(ValueError, match=message) as e:
+        load_prompts(SPEC_BENCH + suffix)
+    assert repr(SPEC_BENCH + suffix) in str(e.value) and "\n" not in str(e.value)
+    assert main(["bench", "--pair", "tiny", "--prompts", SPEC_BENCH + suffix]) == 2
+    assert capsys.readouterr().err.startswith(f"error: prompts spec {SPEC_BENCH + suffix!r}")
+
+
+def test_an_unknown_set_names_every_selection_allowed():
+    with pytest.raises(ValueError, match=r"got 'nope@2'") as e:
+        load_prompts("nope@2")
+    assert all(s in str(e.value) for s in (":N", "[a:b]", "@N"))
+
+
+def test_a_later_turn_holds_the_answer_before_it_in_plain_text():
+    tokenizer = ToyTokenizer(16)
+    prompt = load_prompts(SPEC_BENCH)[0]
+    turn1, answer = encode(tokenizer, prompt), [3, 1, 4, 1, 5]
+    turn2 = encode(tokenizer, prompt, [answer])
+    follow = tokenizer(TURN_SEPARATOR + prompt.turns[1], add_special_tokens=False)["input_ids"]
+    assert turn2 == turn1 + answer + follow
+    with pytest.raises(ValueError, match="has 2 turn"):
+        encode(tokenizer, prompt, [answer, answer])
+
+
+class TemplateTokenizer(ToyTokenizer):
+    """A character tokenizer with a chat template of its own: <role>content</role>, then <assistant> to answer."""
+
+    chat_template = "<role>content</role>"
+
+    def __init__(self, vocab_size: int, rewrite=lambda content: content):
+        super().__init__(vocab_size)
+        self.rewrite = rewrite
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) % self.vocab_size for c in text]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        text = "".join(f"<{m['role']}>{self.rewrite(m['content'])}</{m['role']}>" for m in messages)
+        return text + "<assistant>"
+
+
+def test_a_later_turn_goes_through_the_chat_template_with_the_answer_ids_as_generated():
+    tokenizer = TemplateTokenizer(97)
+    prompt = Prompt("7", "Hi", chat=True, category="writing", follow_ups=("More",))
+    answer = [90, 91, 92]  # ids no text would give: they must go in as they are
+    turn1, turn2 = encode(tokenizer, prompt), encode(tokenizer, prompt, [answer])
+    ids = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    assert turn1 == ids("<user>Hi</user><assistant>")
+    assert turn2 == turn1 + answer + ids("</assistant><user>More</user><assistant>")
+    upper = TemplateTokenizer(97, rewrite=str.upper)  # a template that changes what the assistant said
+    with pytest.raises(ValueError, match="--first-turns"):
+        encode(upper, prompt, [answer])
