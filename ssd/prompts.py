@@ -152,8 +152,8 @@ def encode(tokenizer, prompt: Prompt | str, answers=()) -> list[int]:
     answers are the earlier turns' generated token ids, without the EOS that ended them. Chat prompts go through the
     chat template where the tokenizer has one, as user / assistant / user messages; elsewhere the turns follow one
     another, each after the answer before it and TURN_SEPARATOR. Either way each answer enters the context as the
-    very ids the model generated (Spec-Bench decodes an answer and tokenizes the conversation again, which gives the
-    same text but may split it into other tokens).
+    very ids the model generated (Spec-Bench decodes an answer, strips it and tokenizes the conversation again: the
+    same text up to white space, possibly split into other tokens).
     """
     if isinstance(prompt, str):
         prompt = Prompt("text", prompt, chat=False)

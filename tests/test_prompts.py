@@ -1,9 +1,14 @@
-"""Prompt sets in Spec-Bench's format: categories, every turn, @N per category, later turns after their answers."""
+"""Prompt sets in Spec-Bench's format: categories, every turn, @N per category, later turns after their answers, each
+method's from its own answer before."""
 from pathlib import Path
 
 import pytest
+import torch
 
+from ssd import DecodeConfig, generate_ar, tiny_pair
+from ssd.bench import load_rows, run_bench
 from ssd.cli import main
+from ssd.methods import METHODS
 from ssd.models import ToyTokenizer
 from ssd.prompts import TURN_SEPARATOR, Prompt, encode, first_turns, load_prompts
 
@@ -91,3 +96,44 @@ def test_a_later_turn_goes_through_the_chat_template_with_the_answer_ids_as_gene
     upper = TemplateTokenizer(97, rewrite=str.upper)  # a template that changes what the assistant said
     with pytest.raises(ValueError, match="--first-turns"):
         encode(upper, prompt, [answer])
+
+
+def test_each_method_answers_turn_two_after_its_own_answer_to_turn_one(monkeypatch):
+    pair = tiny_pair()
+    prompt = load_prompts(SPEC_BENCH)[0]
+    config = DecodeConfig(max_new_tokens=6)
+    turn1 = encode(pair.tokenizer, prompt)
+    seen = []
+
+    def other(pair, ids, config, generator):
+        """AR, except that on turn 1 it answers every token one id above AR's: an answer AR would not give."""
+        seen.append(list(ids))
+        tokens, trace = generate_ar(pair, ids, config, generator)
+        if ids == turn1:
+            tokens = [(t + 1) % pair.vocab_size for t in tokens]
+        return tokens, trace
+
+    monkeypatch.setitem(METHODS, "other", other)
+    rows = run_bench(pair, [prompt], ["ar", "other"], config, progress=False)["rows"]
+    greedy = lambda ids: generate_ar(pair, ids, config, torch.Generator().manual_seed(0))[0]  # noqa: E731
+    ar1 = greedy(turn1)
+    own1 = [(t + 1) % pair.vocab_size for t in ar1]
+    assert seen[-1] == encode(pair.tokenizer, prompt, [own1]) and seen[-1][len(turn1):][:len(own1)] == own1
+    ar_context = encode(pair.tokenizer, prompt, [ar1])
+    assert greedy(ar_context) != greedy(seen[-1])  # so "other"'s turn 2 is identical only to AR from its own context
+    by = {(r["prompt_id"], r["method"]): r for r in rows}
+    assert sorted(by) == [("1", "ar"), ("1", "other"), ("1/turn2", "ar"), ("1/turn2", "other")]
+    assert [by[("1/turn2", m)]["turn"] for m in ("ar", "other")] == [2, 2] and rows[0]["category"] == "writing"
+    assert by[("1", "other")]["identical_to_target"] is False and by[("1", "other")]["first_difference"] == 0
+    assert by[("1/turn2", "other")]["identical_to_target"] is True
+    assert by[("1/turn2", "ar")]["prompt_tokens"] == len(ar_context)
+    assert by[("1/turn2", "other")]["prompt_tokens"] == len(seen[-1])
+
+
+def test_first_turns_answers_each_row_once(tmp_path):
+    path = str(tmp_path / "bench.json")
+    argv = ["bench", "--pair", "tiny", "--methods", "ar", "--prompts", f"{SPEC_BENCH}@1", "--max-new-tokens", "4",
+            "--first-turns", "--json", path]
+    assert main(argv) == 0
+    rows = load_rows(path)
+    assert list(rows.prompt_id) == ["1", "3", "5", "6", "8", "9"] and (rows.turn == 1).all()
