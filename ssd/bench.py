@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .decoding import DecodeConfig, generate_ar
+from .experiments import mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability
 from .methods import get_method
@@ -27,6 +28,11 @@ from .trace import Trace
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
+
+# The per-category report's figures (means over answers) and their headers in the printed table.
+CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
+# No interval from fewer answers: over two, Student's t makes a 95% CI 12.7 standard errors wide, which says nothing.
+MIN_CI_ANSWERS = 3
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
@@ -62,7 +68,8 @@ def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
               profile=None) -> dict:
-    """Returns {"rows": [...], "summary": [...]}: one row per (method, generated answer), one summary row per method.
+    """Returns {"rows": [...], "summary": [...], "categories": [...]}: one row per (method, generated answer), one
+    summary row per method, and the per-category report (by_category).
 
     A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
@@ -94,7 +101,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     bar.close()
     frame = pd.DataFrame(rows)
     summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
-    return {"rows": rows, "summary": summary}
+    return {"rows": rows, "summary": summary, "categories": by_category(frame)}
 
 
 def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):
@@ -184,6 +191,45 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
     return summary
 
 
+def by_category(rows: pd.DataFrame) -> list[dict]:
+    """Spec-Bench's report: for each category (in the rows' order), then "overall", and each method, the number of
+    answers and the means over answers of tokens/s, of the speed-up over AR's answer to the same prompt and turn
+    (only with ar among the methods), and of tokens per round (tokens per target forward, Spec-Bench's "mean
+    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_ANSWERS answers on.
+
+    Spec-Bench's own speed.py divides the mean tokens/s by AR's (a ratio of means, a question's turns pooled) and
+    pools its accepted tokens over all rounds; means over answers are what a CI over answers is about.
+    """
+    rows = _with_speedups(rows)
+    both = pd.concat([rows, rows.assign(category="overall")], ignore_index=True)
+    keys = ["category", "method"]
+    index = pd.MultiIndex.from_product([pd.unique(both["category"]), pd.unique(both["method"])], names=keys)
+    table = both.groupby(keys).size().rename("answers").reindex(index).to_frame()
+    for value in CATEGORY_VALUES:
+        sample = both[[*keys, value]].astype({value: float}).dropna()
+        if sample.empty:  # no ar among the methods, or only peers (no rounds)
+            table[value], table[f"{value}_ci"] = None, None
+            continue
+        ci = mean_ci(sample, keys, value).set_index(keys).reindex(index)
+        table[value] = ci["mean"]
+        table[f"{value}_ci"] = [[float(lo), float(hi)] if n >= MIN_CI_ANSWERS else None
+                                for lo, hi, n in zip(ci["ci_low"], ci["ci_high"], ci["n"].fillna(0))]
+    # AR's own speed-up is 1 by definition, not a measurement: no interval.
+    table.loc[table.index.get_level_values("method") == "ar", "speedup_vs_ar_ci"] = None
+    records = table.reset_index().to_dict("records")
+    return [{k: None if isinstance(v, float) and pd.isna(v) else v for k, v in r.items()} for r in records]
+
+
+def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each row's tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without ar."""
+    if "ar" not in set(rows["method"]):
+        return rows.assign(speedup_vs_ar=float("nan"))
+    ratios = speedups(rows, "ar").rename(columns={"speedup": "speedup_vs_ar"})
+    out = rows.merge(ratios, on=["prompt_id", "method"], how="left")
+    out.loc[out["method"] == "ar", "speedup_vs_ar"] = 1.0
+    return out
+
+
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float:
     """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens."""
     own = measured_theorem7(rounds)
@@ -243,3 +289,23 @@ def summary_table(summary: list[dict]) -> str:
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
     return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")
 
+
+def category_table(categories: list[dict]) -> str:
+    """by_category's report, a row per category and method and the overall rows, each figure as mean [95% CI]; a set
+    of one category (HumanEval, prose) shows only the overall rows, which are the same numbers."""
+    frame = pd.DataFrame(categories)
+    if frame["category"].nunique() == 2:
+        frame = frame[frame["category"] == "overall"]
+    out = frame[["category", "method", "answers"]].copy()
+    for value, header in CATEGORY_VALUES.items():
+        if frame[value].notna().any():
+            digits = 2 if value != "speedup_vs_ar" else 3
+            out[header] = [_mean_and_ci(m, ci, digits) for m, ci in zip(frame[value], frame[f"{value}_ci"])]
+    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_ANSWERS} answers on]"
+    return caption + "\n" + out.to_string(index=False)
+
+
+def _mean_and_ci(mean, ci, digits: int) -> str:
+    if mean is None or pd.isna(mean):
+        return ""
+    return f"{mean:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")

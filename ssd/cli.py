@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
 
-    b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a table, writes JSON")
+    b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a summary per method and one per "
+                       "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
     b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHODS)} (default ar,sd)")
     b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default humaneval:8)")
     b.add_argument("--first-turns", action="store_true", help="answer only each prompt's first turn (by default a "
                    "Spec-Bench row's later turns are answered too, each after the answer before it)")
-    b.add_argument("--json", default=None, help="write rows, summary, machine and arguments here")
+    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here")
 
     h = sub.add_parser("hit-rates", help="SSD hit rate against the budget B for each fan-out strategy, with 95%% CIs")
     add_decoding_args(h)
@@ -153,6 +154,8 @@ def cmd_bench(args) -> None:
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))
+    print()
+    print(bench.category_table(result["categories"]))
     if args.json:
         write_json(args.json, result)
         print(f"wrote {args.json}", file=sys.stderr)

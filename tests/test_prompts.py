@@ -1,5 +1,6 @@
-"""Prompt sets in Spec-Bench's format: categories, every turn, @N per category, later turns after their answers, each
-method's from its own answer before."""
+"""Prompt sets in Spec-Bench's format: categories, every turn, @N per category, later turns after their answers, and
+the bench's per-category report on a tiny pair."""
+import json
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,33 @@ def test_each_method_answers_turn_two_after_its_own_answer_to_turn_one(monkeypat
     assert by[("1/turn2", "other")]["prompt_tokens"] == len(seen[-1])
 
 
+def test_the_bench_reports_every_category_and_overall(tmp_path, capsys):
+    path = str(tmp_path / "bench.json")
+    argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", f"{SPEC_BENCH}@2", "--max-new-tokens", "6",
+            "--json", path]
+    assert main(argv) == 0
+    table = capsys.readouterr().out.split("per category")[1].splitlines()[2:]
+    assert [line.split()[:2] for line in table] == [[c, m] for c in [*CATEGORIES, "overall"] for m in ("ar", "sd")]
+    with open(path) as f:
+        result = json.load(f)
+    rows = {(r["prompt_id"], r["method"]): r for r in result["rows"]}
+    assert {p for p, _ in rows} >= {"1/turn2", "2/turn2"} and all(r["identical_to_target"] for r in rows.values())
+    report = {(c["category"], c["method"]): c for c in result["categories"]}
+    assert [report[(c, "sd")]["answers"] for c in [*CATEGORIES, "overall"]] == [4, 2, 1, 2, 1, 1, 11]
+    # An interval from 3 answers on (writing's four: two questions, two turns each), none from fewer.
+    assert report[("writing", "sd")]["tokens_per_s_ci"] and report[("overall", "sd")]["speedup_vs_ar_ci"]
+    assert all(report[(c, "sd")][f"{v}_ci"] is None for c in CATEGORIES[1:] for v in ("tokens_per_s",
+                                                                                        "speedup_vs_ar"))
+    # The speed-up is the mean of per-answer ratios to AR on the same answer; AR's tokens per round are 1.
+    writing = [p for p, m in rows if m == "sd" and rows[(p, m)]["category"] == "writing"]
+    ratios = [rows[(p, "sd")]["tokens_per_s"] / rows[(p, "ar")]["tokens_per_s"] for p in writing]
+    assert report[("writing", "sd")]["speedup_vs_ar"] == pytest.approx(sum(ratios) / len(ratios))
+    assert report[("overall", "ar")]["speedup_vs_ar"] == 1 and report[("overall", "ar")]["tokens_per_round"] == 1
+    sd = [r for r in rows.values() if r["method"] == "sd"]
+    assert report[("overall", "sd")]["tokens_per_round"] == pytest.approx(
+        sum(r["new_tokens"] / r["rounds"] for r in sd) / len(sd))
+
+
 def test_first_turns_answers_each_row_once(tmp_path):
     path = str(tmp_path / "bench.json")
     argv = ["bench", "--pair", "tiny", "--methods", "ar", "--prompts", f"{SPEC_BENCH}@1", "--max-new-tokens", "4",
@@ -137,3 +165,14 @@ def test_first_turns_answers_each_row_once(tmp_path):
     assert main(argv) == 0
     rows = load_rows(path)
     assert list(rows.prompt_id) == ["1", "3", "5", "6", "8", "9"] and (rows.turn == 1).all()
+
+
+def test_a_set_of_one_category_prints_its_summary_and_the_overall_rows(capsys):
+    argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", "prose[0:3]", "--max-new-tokens", "4"]
+    assert main(argv) == 0
+    summary, report = capsys.readouterr().out.split("per category")
+    assert [line.split()[0] for line in summary.strip().splitlines()] == ["method", "ar", "sd"]
+    rows = [line.split() for line in report.splitlines()[2:]]
+    assert [row[:3] for row in rows] == [["overall", "ar", "3"], ["overall", "sd", "3"]]
+    # Three answers give intervals: tokens/s and tokens per round for both, the speed-up for sd only (AR's is 1).
+    assert [sum(cell.startswith("[") for cell in row) for row in rows] == [2, 3]
