@@ -1,7 +1,8 @@
 """The benchmark: methods run side by side on the same prompts, in one process, interleaved per prompt.
 
-Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt before
-the next prompt starts, and the order of methods rotates from prompt to prompt so no method always runs first.
+Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt (each turn
+of a Spec-Bench row) before the next starts, and the order of methods rotates from answer to answer so no method
+always runs first. Beside one summary per method, the bench reports per category as Spec-Bench does (by_category).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .decoding import DecodeConfig, generate_ar
+from .experiments import mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability
 from .methods import get_method
@@ -26,6 +28,11 @@ from .trace import Trace
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
+
+# The per-category report's figures (means over answers) and their headers in the printed table.
+CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
+# No interval from fewer answers: over two, Student's t makes a 95% CI 12.7 standard errors wide, which says nothing.
+MIN_CI_ANSWERS = 3
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
@@ -46,6 +53,8 @@ def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> t
         "rounds": len(trace.rounds),
         "acceptance_rate": trace.acceptance_rate,
         "mean_accepted": trace.mean_accepted,
+        # Tokens per target forward: Spec-Bench's "mean accepted tokens" (1 for AR; None where a peer has no rounds).
+        "tokens_per_round": trace.tokens_per_round,
         "hit_rate": trace.hit_rate,
     }, trace
 
@@ -59,41 +68,81 @@ def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
               profile=None) -> dict:
-    """Returns {"rows": [...], "summary": [...]}: one row per (method, prompt), one summary row per method.
+    """Returns {"rows": [...], "summary": [...], "categories": [...]}: one row per (method, generated answer), one
+    summary row per method, and the per-category report (by_category).
+
+    A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
+    turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
+    (at temperature 0 every lossless method's answer is AR's, so all see the same context). The methods run every
+    turn before the next turn starts, in an order rotated from answer to answer; answer j uses seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
     latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it.
     """
-    encoded = [(p.id, encode(pair.tokenizer, p)) for p in prompts]
-    warm_up(pair, encoded[0][1], methods, config)
-    greedy = config.temperature == 0
+    for p in prompts:  # a template that rewrites answers fails here, not after minutes of decoding
+        encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
+    warm_up(pair, encode(pair.tokenizer, prompts[0]), methods, config)
     rows, rounds = [], []
-    bar = tqdm(total=len(encoded) * len(methods), desc="bench", disable=not progress)
-    for i, (prompt_id, ids) in enumerate(encoded):
-        reference = None  # AR's tokens and trace: what greedy output must equal, and AR's margins where it does not
-        if greedy and "ar" not in methods:
-            reference = generate_ar(pair, ids, config, torch.Generator().manual_seed(seed + i))
-        for j in range(len(methods)):
-            method = methods[(i + j) % len(methods)]
-            bar.set_postfix_str(f"{prompt_id} {method}")
-            tokens, row, trace = run_one(method, pair, ids, config, seed=seed + i)
-            frame = trace.to_frame() if trace.rounds else None
-            if frame is not None:
-                rounds.append(frame)
-            if method == "ar":
-                reference = tokens, trace
-            if profile is not None and method in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile, this prompt
-                row["profile_tokens_per_s"] = _profile_prediction(profile, config, frame)
-            rows.append({"prompt_id": prompt_id, "prompt_tokens": len(ids), "target_dtype": pair.precisions.target,
-                         "draft_dtype": pair.precisions.draft, **row, "tokens": tokens})
-            bar.update()
-        for row in rows[-len(methods):]:
-            tokens = row.pop("tokens")
-            row.update(identity_report(tokens, reference[0], reference[1].rounds, pair.precisions.target) if greedy
-                       else {"identical_to_target": None})
+    bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), desc="bench", disable=not progress)
+    j = 0  # the answer's index over the whole run
+    for prompt in prompts:
+        answers = {method: [] for method in methods}  # each method's own answers so far: its next turn's context
+        for turn in range(len(prompt.turns)):
+            contexts = {method: encode(pair.tokenizer, prompt, answers[method]) for method in methods}
+            order = methods[j % len(methods):] + methods[: j % len(methods)]
+            turn_rows, runs = _run_turn(pair, prompt, turn, contexts, order, config, seed + j, profile, bar)
+            _report_identity(pair, config, turn_rows, runs, contexts, seed + j)
+            for method, tokens, _, frame in runs:
+                answers[method].append(_without_eos(tokens, pair.eos_token_ids))
+                if frame is not None:
+                    rounds.append(frame)
+            rows += turn_rows
+            j += 1
     bar.close()
-    summary = summarize(pd.DataFrame(rows), pd.concat(rounds) if rounds else None, profile, config)
-    return {"rows": rows, "summary": summary}
+    frame = pd.DataFrame(rows)
+    summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
+    return {"rows": rows, "summary": summary, "categories": by_category(frame)}
+
+
+def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):
+    """Every method, in the given order, answers one turn of a prompt from its own context. Returns the rows and
+    (method, tokens, trace, its frame or None) per run."""
+    answer_id = prompt.id if turn == 0 else f"{prompt.id}/turn{turn + 1}"
+    rows, runs = [], []
+    for method in order:
+        bar.set_postfix_str(f"{answer_id} {method}")
+        tokens, row, trace = run_one(method, pair, contexts[method], config, seed=seed)
+        frame = trace.to_frame() if trace.rounds else None
+        if profile is not None and method in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile, this answer
+            row["profile_tokens_per_s"] = _profile_prediction(profile, config, frame)
+        rows.append({"prompt_id": answer_id, "category": prompt.category, "turn": turn + 1,
+                     "prompt_tokens": len(contexts[method]), "target_dtype": pair.precisions.target,
+                     "draft_dtype": pair.precisions.draft, **row})
+        runs.append((method, tokens, trace, frame))
+        bar.update()
+    return rows, runs
+
+
+def _without_eos(tokens: list[int], eos) -> list[int]:
+    """An answer as the next turn's context holds it: the chat template (or the separator) closes the turn itself."""
+    return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+
+
+def _report_identity(pair, config: DecodeConfig, rows: list[dict], runs, contexts: dict, seed: int) -> None:
+    """Greedy runs: add to each row whether its tokens equal AR's from the same context (where not, the first
+    difference and AR's margin there). AR's own run serves where it ran that context; elsewhere (no ar among the
+    methods, or a method whose earlier answer left AR's) an untimed AR run does."""
+    if config.temperature > 0:
+        for row in rows:
+            row["identical_to_target"] = None
+        return
+    references = {tuple(contexts["ar"]): (tokens, trace) for method, tokens, trace, _ in runs if method == "ar"}
+    for row, (method, tokens, _, _) in zip(rows, runs):
+        key = tuple(contexts[method])
+        if key not in references:
+            references[key] = generate_ar(pair, list(key), config, torch.Generator().manual_seed(seed))
+        reference, trace = references[key]
+        row.update(identity_report(tokens, reference, trace.rounds, pair.precisions.target))
 
 
 def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=None, config=None) -> list[dict]:
@@ -140,6 +189,45 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
     return summary
+
+
+def by_category(rows: pd.DataFrame) -> list[dict]:
+    """Spec-Bench's report: for each category (in the rows' order), then "overall", and each method, the number of
+    answers and the means over answers of tokens/s, of the speed-up over AR's answer to the same prompt and turn
+    (only with ar among the methods), and of tokens per round (tokens per target forward, Spec-Bench's "mean
+    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_ANSWERS answers on.
+
+    Spec-Bench's own speed.py divides the mean tokens/s by AR's (a ratio of means, a question's turns pooled) and
+    pools its accepted tokens over all rounds; means over answers are what a CI over answers is about.
+    """
+    rows = _with_speedups(rows)
+    both = pd.concat([rows, rows.assign(category="overall")], ignore_index=True)
+    keys = ["category", "method"]
+    index = pd.MultiIndex.from_product([pd.unique(both["category"]), pd.unique(both["method"])], names=keys)
+    table = both.groupby(keys).size().rename("answers").reindex(index).to_frame()
+    for value in CATEGORY_VALUES:
+        sample = both[[*keys, value]].astype({value: float}).dropna()
+        if sample.empty:  # no ar among the methods, or only peers (no rounds)
+            table[value], table[f"{value}_ci"] = None, None
+            continue
+        ci = mean_ci(sample, keys, value).set_index(keys).reindex(index)
+        table[value] = ci["mean"]
+        table[f"{value}_ci"] = [[float(lo), float(hi)] if n >= MIN_CI_ANSWERS else None
+                                for lo, hi, n in zip(ci["ci_low"], ci["ci_high"], ci["n"].fillna(0))]
+    # AR's own speed-up is 1 by definition, not a measurement: no interval.
+    table.loc[table.index.get_level_values("method") == "ar", "speedup_vs_ar_ci"] = None
+    records = table.reset_index().to_dict("records")
+    return [{k: None if isinstance(v, float) and pd.isna(v) else v for k, v in r.items()} for r in records]
+
+
+def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each row's tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without ar."""
+    if "ar" not in set(rows["method"]):
+        return rows.assign(speedup_vs_ar=float("nan"))
+    ratios = speedups(rows, "ar").rename(columns={"speedup": "speedup_vs_ar"})
+    out = rows.merge(ratios, on=["prompt_id", "method"], how="left")
+    out.loc[out["method"] == "ar", "speedup_vs_ar"] = 1.0
+    return out
 
 
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float:
@@ -200,3 +288,24 @@ def summary_table(summary: list[dict]) -> str:
                "profile_tokens_per_s", "decode_over_profile_prediction", "identical_share", "differences_at_near_ties"]
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
     return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def category_table(categories: list[dict]) -> str:
+    """by_category's report, a row per category and method and the overall rows, each figure as mean [95% CI]; a set
+    of one category (HumanEval, prose) shows only the overall rows, which are the same numbers."""
+    frame = pd.DataFrame(categories)
+    if frame["category"].nunique() == 2:
+        frame = frame[frame["category"] == "overall"]
+    out = frame[["category", "method", "answers"]].copy()
+    for value, header in CATEGORY_VALUES.items():
+        if frame[value].notna().any():
+            digits = 2 if value != "speedup_vs_ar" else 3
+            out[header] = [_mean_and_ci(m, ci, digits) for m, ci in zip(frame[value], frame[f"{value}_ci"])]
+    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_ANSWERS} answers on]"
+    return caption + "\n" + out.to_string(index=False)
+
+
+def _mean_and_ci(mean, ci, digits: int) -> str:
+    if mean is None or pd.isna(mean):
+        return ""
+    return f"{mean:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")

@@ -14,7 +14,7 @@ from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
 from .precision import CHOICES, capability_line, check_precision
 from .outcomes import STRATEGIES, check_strategy
 from .pipeline import PipelineConfig, PipelineError
-from .prompts import Prompt, encode, load_prompts
+from .prompts import Prompt, encode, first_turns, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
 
@@ -59,11 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
 
-    b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a table, writes JSON")
+    b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a summary per method and one per "
+                       "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
     b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHODS)} (default ar,sd)")
-    b.add_argument("--prompts", default="humaneval:8", help="humaneval[:N], prose[:N] or a Spec-Bench JSONL path")
-    b.add_argument("--json", default=None, help="write rows, summary, machine and arguments here")
+    b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
+                   "with :N (the first N), [a:b] (a slice) or @N (the first N of each category), e.g. question.jsonl@2 "
+                   "(default humaneval:8)")
+    b.add_argument("--first-turns", action="store_true", help="answer only each prompt's first turn (by default a "
+                   "Spec-Bench row's later turns are answered too, each after the answer before it)")
+    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here")
 
     h = sub.add_parser("hit-rates", help="SSD hit rate against the budget B for each fan-out strategy, with 95%% CIs")
     add_decoding_args(h)
@@ -137,6 +142,8 @@ def cmd_generate(args) -> None:
 def cmd_bench(args) -> None:
     methods = parse_methods(args.methods)
     prompts = load_prompts(args.prompts)
+    if args.first_turns:
+        prompts = first_turns(prompts)
     pair, config = setup(args)
     latencies = None
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
@@ -145,6 +152,8 @@ def cmd_bench(args) -> None:
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))
+    print()
+    print(bench.category_table(result["categories"]))
     if args.json:
         write_json(args.json, result)
         print(f"wrote {args.json}", file=sys.stderr)
