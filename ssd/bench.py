@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .decoding import DecodeConfig, generate_ar
-from .experiments import mean_ci, speedups
+from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability
 from .methods import get_method
@@ -31,8 +31,6 @@ PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
 
 # The per-category report's figures (means over answers) and their headers in the printed table.
 CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
-# No interval from fewer answers: over two, Student's t makes a 95% CI 12.7 standard errors wide, which says nothing.
-MIN_CI_ANSWERS = 3
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
@@ -195,7 +193,7 @@ def by_category(rows: pd.DataFrame) -> list[dict]:
     """Spec-Bench's report: for each category (in the rows' order), then "overall", and each method, the number of
     answers and the means over answers of tokens/s, of the speed-up over AR's answer to the same prompt and turn
     (only with ar among the methods), and of tokens per round (tokens per target forward, Spec-Bench's "mean
-    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_ANSWERS answers on.
+    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_N answers on.
 
     Spec-Bench's own speed.py divides the mean tokens/s by AR's (a ratio of means, a question's turns pooled) and
     pools its accepted tokens over all rounds; means over answers are what a CI over answers is about.
@@ -212,8 +210,9 @@ def by_category(rows: pd.DataFrame) -> list[dict]:
             continue
         ci = mean_ci(sample, keys, value).set_index(keys).reindex(index)
         table[value] = ci["mean"]
-        table[f"{value}_ci"] = [[float(lo), float(hi)] if n >= MIN_CI_ANSWERS else None
-                                for lo, hi, n in zip(ci["ci_low"], ci["ci_high"], ci["n"].fillna(0))]
+        # mean_ci gives no interval from fewer than MIN_CI_N answers (NaN).
+        table[f"{value}_ci"] = [None if pd.isna(lo) else [float(lo), float(hi)]
+                                for lo, hi in zip(ci["ci_low"], ci["ci_high"])]
     # AR's own speed-up is 1 by definition, not a measurement: no interval.
     table.loc[table.index.get_level_values("method") == "ar", "speedup_vs_ar_ci"] = None
     records = table.reset_index().to_dict("records")
@@ -301,7 +300,7 @@ def category_table(categories: list[dict]) -> str:
         if frame[value].notna().any():
             digits = 2 if value != "speedup_vs_ar" else 3
             out[header] = [_mean_and_ci(m, ci, digits) for m, ci in zip(frame[value], frame[f"{value}_ci"])]
-    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_ANSWERS} answers on]"
+    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_N} answers on]"
     return caption + "\n" + out.to_string(index=False)
 
 

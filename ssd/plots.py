@@ -316,6 +316,10 @@ def miss_rate_fit(ranks, max_f: int = 32):
             ax.plot([], [], " ", label="too few misses to fit r")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        if not pos.any():  # every t* ranked first: no miss to draw on a log axis, which then has no range at all
+            ax.set(xlim=(1, max_f), ylim=(1 / (10 * len(clean)), 1))
+            ax.text(0.5, 0.5, f"no miss at any F: t* ranked first in all {len(clean)} rounds", ha="center",
+                    transform=ax.transAxes)
         ax.set(xlabel="fan-out F", ylabel="miss rate P(rank of t* > F)", title="Miss rate vs fan-out F")
         ax.legend()
     return fig

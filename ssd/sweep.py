@@ -54,6 +54,15 @@ class Grid:
     parameters: dict  # the same for every point
     grid: dict  # key -> non-empty list; points are their cartesian product, in this order
 
+    def with_parameters(self, **fixed) -> Grid:
+        """The same grid with more fixed parameters (a notebook running a grid on the pair it was given, say);
+        each must be a parameter of the grid's notebook and not one the grid varies."""
+        both = sorted(set(fixed) & set(self.grid))
+        if both:
+            raise ValueError(f"{', '.join(both)} is varied by the grid {self.name!r}; it cannot also be fixed")
+        check_notebook_parameters(self.notebook, list(fixed))
+        return dataclasses.replace(self, parameters=self.parameters | fixed)
+
     def points(self) -> list[Point]:
         """The cartesian product of the grid's lists, in the file's order, merged with the fixed parameters."""
         result = []

@@ -352,3 +352,10 @@ def test_rate_intervals_stay_in_0_1_and_none_is_drawn_from_fewer_than_3_prompts(
     assert plots.NO_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
     # A speed-up is not a rate: its interval is not clipped.
     assert plots.ci_label(plots.summarise(frame, "budget", "hit_rate")) == plots.CI_LABEL
+
+
+def test_miss_rate_fit_without_a_single_miss_still_draws(tmp_path):
+    fig = plots.miss_rate_fit([1] * 20, max_f=8)  # every t* ranked first (a tiny pair that agrees with itself)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["no miss at any F: t* ranked first in all 20 rounds"]
+    png_digest(fig, tmp_path)  # drawing used to fail: a log axis with nothing above 0

@@ -276,3 +276,14 @@ def test_the_notebook_path_is_relative_to_the_grid_file(tmp_path, monkeypatch):
     assert sweep.load_grid("grid.yaml").notebook == str(tmp_path / "nb.ipynb")
     monkeypatch.chdir(tmp_path)
     assert sweep.load_grid("grids/grid.yaml").notebook == str(tmp_path / "nb.ipynb")
+
+
+def test_with_parameters_fixes_more_and_refuses_a_varied_or_unknown_one(tmp_path):
+    grid = sweep.load_grid(write_grid(tmp_path))
+    fixed = grid.with_parameters(sleep_s=0.25)
+    assert [p.parameters["sleep_s"] for p in fixed.points()] == [0.25] * 3
+    assert {p.point_id for p in fixed.points()}.isdisjoint(p.point_id for p in grid.points())  # new points
+    with pytest.raises(ValueError, match="x is varied by the grid 'demo'"):
+        grid.with_parameters(x=5)
+    with pytest.raises(ValueError, match="parameter 'pair' is not in the parameters cell"):
+        grid.with_parameters(pair="tiny")
