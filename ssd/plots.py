@@ -116,6 +116,13 @@ def ci_label(*summaries: pd.DataFrame, value: str | None = None) -> str:
     return RATE_CI_LABEL if value in RATES else CI_LABEL
 
 
+def _legend_outside(ax, title: str | None = None):
+    """The legend right of the axes: its labels say what the error bars are, which makes it too long to sit on the
+    data without hiding some."""
+    return ax.legend(title=title, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
+                     title_fontsize="small")
+
+
 def _dodge(ax, x, i: int, n: int, share: float = 0.08):
     """x of series i of n shifted sideways so error bars at one x do not overlap, on the axis's scale (linear, log,
     symlog: set the scale first). The shift is a small share of the smallest gap between x values; the data stay in
@@ -165,7 +172,7 @@ def acceptance_vs_k(frame: pd.DataFrame, column: str = "acceptance_rate"):
         ax.set_xticks(sorted(_order(frame["k"])))
         ax.set(xlabel="draft length K", ylabel="acceptance rate a", ylim=(0, 1.05),
                title="Acceptance rate a vs draft length K")
-        ax.legend(title=f"temperature ({bars})" if hue else None)
+        _legend_outside(ax, f"temperature\n({bars})" if hue else None)
     return fig
 
 
@@ -200,7 +207,7 @@ def tokens_per_round(frame: pd.DataFrame, a_by: str = "k", column: str = "accept
         ax.set_xticks(ks)
         ax.set(xlabel="draft length K", ylabel="tokens per round", ylim=(0, None),
                title="Tokens per round vs draft length K")
-        ax.legend()
+        _legend_outside(ax)
     return fig
 
 
@@ -259,7 +266,7 @@ def hit_rate_vs_budget(frame: pd.DataFrame):
         ax.minorticks_off()
         ax.set(xlabel="budget B (cached outcomes)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs budget B")
-        ax.legend(title=f"fan-out ({ci_label(*summaries, value='hit_rate')})")
+        _legend_outside(ax, f"fan-out\n({ci_label(*summaries, value='hit_rate')})")
     return fig
 
 
@@ -353,7 +360,7 @@ def ap_sensitivity(frame: pd.DataFrame, fitted_a_p: float | None = None):
             ax.axvline(fitted_a_p, ls=":", color=pal[len(groups)], label=f"fitted a_p = {fitted_a_p:.2f}")
         ax.set(xlabel="assumed a_p (geometric fan-out)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs the a_p the fan-out assumes")
-        ax.legend(title=f"fan-out ({bars})" if has_strategy else None)
+        _legend_outside(ax, f"fan-out\n({bars})" if has_strategy else None)
     return fig
 
 
@@ -386,8 +393,7 @@ def saguaro_pareto(frame: pd.DataFrame):
         ax.set_xlim(*_rate_limits(s["mean_a"] - s["err_low_a"], s["mean_a"] + s["err_high_a"]))
         ax.set_ylim(*_rate_limits(s["mean_h"] - s["err_low_h"], s["mean_h"] + s["err_high_h"]))
         ax.set(xlabel="acceptance rate a", ylabel="hit rate", title="Saguaro C: acceptance rate vs hit rate")
-        ax.legend(title=ci_label(acc, hit, value="hit_rate"), loc="upper left", bbox_to_anchor=(1.01, 1),
-                  fontsize="small", title_fontsize="small")
+        _legend_outside(ax, ci_label(acc, hit, value="hit_rate"))
     return fig
 
 
@@ -420,7 +426,7 @@ def wall_clock(frame: pd.DataFrame):
         ax.set_xticks(x)
         ax.set_xticklabels(methods)
         ax.set(xlabel="method", ylabel="tokens / s", title="Wall clock: tokens per second")
-        ax.legend()
+        _legend_outside(ax)
     return fig
 
 
@@ -446,8 +452,7 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
         ax.set_xticks(np.arange(len(groups)))
         ax.set_xticklabels(groups)
         ax.set(xlabel=group or "", ylabel=f"speed-up over {baseline}", title=f"Wall clock: speed-up over {baseline}")
-        # The legend sits right of the axes, clear of the bars.
-        ax.legend(title=f"method\n({ci_label(s.reset_index())})", loc="upper left", bbox_to_anchor=(1.01, 1))
+        _legend_outside(ax, f"method\n({ci_label(s.reset_index())})")
     return fig
 
 

@@ -77,7 +77,7 @@ def test_acceptance_vs_k_hue_and_ci(tmp_path):
     assert len(bars) == 2  # one series per temperature
     ax = fig.axes[0]
     assert ax.get_xlabel() == "draft length K" and ax.get_ylabel() == "acceptance rate a"
-    assert ax.get_legend().get_title().get_text() == f"temperature ({plots.RATE_CI_LABEL})"
+    assert ax.get_legend().get_title().get_text() == f"temperature\n({plots.RATE_CI_LABEL})"
     # The drawn means and bars are mean_ci's, over prompts.
     line = bars[0].lines[0]
     expected = mean_ci(frame[frame.temperature == 0.0], "k", "acceptance_rate").sort_values("k")
