@@ -33,8 +33,9 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
 		--json data/profile_float32.json --figure figures/profile_float32.png
 
-# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 2 hours on
-# a 2-core CPU, 54 minutes of it the wall-clock grid at the auto precision, which must run alone.
+# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 3 hours on
+# a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the wall-clock grid at the auto precision 54
+# minutes, which must run alone.
 sweep: $(STAMP)
 	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2
