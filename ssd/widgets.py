@@ -121,7 +121,7 @@ class Explorer(widgets.interactive):
         return getattr(self, "manual_button", None)
 
     def _stale(self, change) -> None:
-        self.status.value = "settings changed: press Run to decode with them"
+        self.status.value = "settings changed: press Run to run with them"
 
     def _call(self, **kwargs):
         self.calls += 1
@@ -129,7 +129,7 @@ class Explorer(widgets.interactive):
         shown = ", ".join(f"{LABELS.get(k, k)} {v}" for k, v in kwargs.items())
         self.status.value = f"running ({shown}) ..."
         if self.run_button is not None:
-            self.run_button.disabled = True  # one run at a time: clicks while it runs are not queued
+            self.run_button.disabled = True  # greyed out while it runs: further clicks start no queued runs
         start = time.perf_counter()
         try:
             result = self.fn(**kwargs)
