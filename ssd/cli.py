@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -13,7 +14,8 @@ from .files import cache_dir, write_csv, write_json
 from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
 from .precision import CHOICES, capability_line, check_precision
 from .outcomes import STRATEGIES, check_strategy
-from .pipeline import PipelineConfig, PipelineError
+from .pipeline import (PipelineConfig, PipelineError, close_pipelines, env_rank, serve_torchrun,
+                       stop_unused_torchrun_drafter)
 from .prompts import Prompt, encode, first_turns, load_prompts
 from .ssd import BACKUPS, SSDConfig
 
@@ -255,3 +257,27 @@ def one_line(error: PipelineError) -> str:
     first, *rest = str(error).splitlines()
     raised = [line.strip() for line in rest if line.strip()]
     return f"{first} {raised[-1]}" if raised else first
+
+
+def torchrun_main(argv=None) -> int:
+    """torchrun's entry (`python -m ssd.torchrun ARGS`): rank 0 runs `python -m ssd ARGS` (use the method ssd-pipeline
+    there); rank 1 loads the draft of --pair on --drafter-cores (or its GPU) and serves drafts until rank 0 is done."""
+    rank = env_rank()
+    if rank is None:
+        print("ssd.torchrun runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.torchrun bench --methods "
+              "ar,ssd-pipeline ... (see README). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
+              "the drafter itself.", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "drafter_cores"):  # a command that decodes nothing (models): rank 1 has nothing to serve
+        return main(argv) if rank == 0 else 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if rank == 1:
+        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
+    try:
+        return main(argv)
+    finally:
+        close_pipelines()
+        stop_unused_torchrun_drafter(device)

@@ -63,3 +63,8 @@ def test_no_import_cycle_in_the_package():
 
 def test_the_pipeline_knows_nothing_of_the_command_line():
     assert not graph()["pipeline"] & {"cli", "torchrun", "bench", "course", "sweep"}
+
+
+def test_only_the_launchers_import_the_command_line():
+    # cli is on top: __main__ (python -m ssd) and torchrun (python -m ssd.torchrun) only start it.
+    assert sorted(m for m, deps in graph().items() if "cli" in deps) == ["__main__", "torchrun"]
