@@ -2,21 +2,20 @@
 
 A method has one shape: ``generate(pair, prompt_ids, config, generator) -> (new_tokens, trace)``.
 
-The invariant both loops keep: a model's KV cache holds a prefix of ``tokens`` (prompt + output so far), and a
-forward feeds exactly the tokens the cache lacks. After a rejection the caches are cropped back to the accepted
-prefix, so the prompt is encoded once and never again.
+Both loops keep each model's KV cache a prefix of the tokens decoded so far (``ssd.cached_model``); SD drafts through
+the proposer interface (``ssd.proposers``), so any proposer plugs into the same verify step.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
-from .sampling import check_temperature, probs_from_logits, sample, sample_from_uniform, uniforms
-from .trace import Round, Trace
-from .verify import verify
+from .cached_model import CachedModel
+from .proposers import Draft, DraftModelProposer
+from .sampling import check_temperature, probs_from_logits, sample, uniforms
+from .trace import Round, Stopwatch, Trace
+from .verify import Verdict, verify
 
 
 @dataclass
@@ -31,50 +30,6 @@ class DecodeConfig:
         self.temperature = check_temperature(self.temperature)
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-
-
-class CachedModel:
-    """A causal LM and its KV cache, which always covers a prefix of the sequence being decoded."""
-
-    def __init__(self, model):
-        self.model = model
-        self.device = model.device
-        self.cache = DynamicCache(config=model.config)
-
-    @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
-
-    @torch.inference_mode()
-    def logits(self, tokens: list[int], keep: int) -> torch.Tensor:
-        """Feed tokens[self.length:] and return the logits of the last `keep` positions: [keep, V] float32.
-
-        The positions before those `keep` go through the model without its output layer (`extend`); the head then
-        sees exactly the rows it must score. (Asking transformers for the last rows of a longer pass hands the head a
-        strided slice, and torch 2.13 then copies the whole bfloat16 head weight on every such call: a 4x slower
-        prompt pass, seen on this project's CPUs.)
-        """
-        self.extend(tokens[: len(tokens) - keep])
-        feed = torch.tensor([tokens[self.length:]], device=self.device)
-        out = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=feed.shape[1])
-        return out.logits[0, -keep:].float()
-
-    @torch.inference_mode()
-    def extend(self, tokens: list[int]) -> None:
-        """Feed tokens[self.length:] into the cache without computing any logits."""
-        if len(tokens) > self.length:
-            feed = torch.tensor([tokens[self.length:]], device=self.device)
-            self.model.base_model(input_ids=feed, cache=self.cache, use_cache=True)
-
-    def prefill(self, tokens: list[int]) -> None:
-        """Feed all of tokens but the last: the prompt's pass, apart from the rounds that follow it. The last token
-        is fed with the first step or draft, whose logits it gives."""
-        self.extend(tokens[:-1])
-
-    def rollback(self, length: int) -> None:
-        """Forget every cached position from `length` on (the rejected tail of a round)."""
-        if self.length > length:
-            self.cache.crop(length - self.length)
 
 
 def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:
@@ -109,42 +64,31 @@ def generate_ar(pair, prompt_ids, config: DecodeConfig, generator: torch.Generat
     """The target alone, one token per forward: the reference every other method must reproduce."""
     tokens = check_prompt(pair, prompt_ids, config)
     target = CachedModel(pair.target)
-    trace = Trace("ar", prompt_len=len(tokens))
-    start = time.perf_counter()
-    target.prefill(tokens)
-    trace.prefill_s = time.perf_counter() - start
-    new: list[int] = []
-    done = False
-    while not done:
-        t0 = time.perf_counter()
-        logits = target.logits(tokens, keep=1)[0]
-        token = sample(probs_from_logits(logits, config.temperature), generator)
-        emitted, done = _finish([token], config.max_new_tokens - len(new), pair.eos_token_ids)
-        tokens += emitted
-        new += emitted
-        top = logits.topk(min(2, logits.shape[-1])).values.tolist()  # how close a call the greedy token was
-        trace.rounds.append(Round(0, 0, token, len(emitted), 0.0, time.perf_counter() - t0, top_logit=top[0],
-                                  margin=top[0] - top[-1]))
-    trace.wall_s = time.perf_counter() - start
+    trace, watch = Trace("ar", prompt_len=len(tokens)), Stopwatch()
+    with watch.whole(trace):
+        watch.prefill(trace, tokens, target)
+        new: list[int] = []
+        done = False
+        while not done:
+            with watch("verify_s"):
+                logits = target.logits(tokens, keep=1)[0]  # [V]
+                token = sample(probs_from_logits(logits, config.temperature), generator)
+                emitted, done = _finish([token], config.max_new_tokens - len(new), pair.eos_token_ids)
+            tokens += emitted
+            new += emitted
+            top = logits.topk(min(2, logits.shape[-1])).values.tolist()  # how close a call the greedy token was
+            trace.rounds.append(Round(draft_len=0, accepted=0, token=token, new_tokens=len(emitted), draft_s=0.0,
+                                      top_logit=top[0], margin=top[0] - top[-1], **watch.take()))
     return new, trace
 
 
-def draft_tokens(draft: CachedModel, tokens: list[int], u: torch.Tensor, temperature: float, reweight=None):
-    """Draft len(u) tokens autoregressively, one uniform each.
+@dataclass(frozen=True)
+class Checked:
+    """What the verifier made of one draft."""
 
-    Returns the tokens, the [n, V] distributions q they were drawn from, and the draft's [n, V] logits there.
-    reweight(position, logits, q) -> q' lets SSD's Saguaro sampling change q; verify must then see the same q'.
-    """
-    drafted, q_rows, logit_rows = [], [], []
-    for j in range(len(u)):
-        logits = draft.logits(tokens + drafted, keep=1)[0]
-        q = probs_from_logits(logits, temperature)
-        if reweight is not None:
-            q = reweight(j, logits, q)
-        drafted.append(int(sample_from_uniform(q, u[j])))
-        q_rows.append(q)
-        logit_rows.append(logits)
-    return drafted, q_rows, logit_rows
+    verdict: Verdict  # the outcome (k, t*)
+    emitted: list[int]  # the tokens the round added: k accepted + t*, cut at EOS and max_new_tokens
+    done: bool  # decoding ends after this round
 
 
 class Verifier:
@@ -162,40 +106,39 @@ class Verifier:
         """K of the next round: never draft past max_new_tokens (a round yields at most K + 1 tokens)."""
         return min(self.config.k, self.config.max_new_tokens - len(self.new) - 1)
 
-    def verify(self, tokens: list[int], q: torch.Tensor, u_verify: torch.Tensor):
-        """Verify one draft; returns the verdict, the tokens it emitted and whether decoding is done."""
-        p = probs_from_logits(self.target.logits(self.tokens + tokens, keep=len(tokens) + 1), self.config.temperature)
-        verdict = verify(torch.tensor(tokens, dtype=torch.long), q.to(p.device), p, u_verify[:-1], u_verify[-1])
+    def check(self, draft: Draft, u_verify: torch.Tensor) -> Checked:
+        """Verify one draft in one target pass and commit what it emits. u_verify: [k + 1] uniforms."""
+        k = len(draft.tokens)
+        logits = self.target.logits(self.tokens + draft.tokens, keep=k + 1)  # [k + 1, V]
+        p = probs_from_logits(logits, self.config.temperature)  # [k + 1, V]
+        q = draft.q.to(p.device)  # [k, V]
+        verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1])
         self.accepted_len = len(self.tokens) + verdict.accepted
         self.target.rollback(self.accepted_len)
-        appended = tokens[: verdict.accepted] + [verdict.token]
+        appended = draft.tokens[: verdict.accepted] + [verdict.token]
         emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new), self.eos)
         self.tokens += emitted
         self.new += emitted
-        return verdict, emitted, done
+        return Checked(verdict, emitted, done)
 
 
 def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
     """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling."""
     prompt_ids = check_prompt(pair, prompt_ids, config)
-    draft, verifier = CachedModel(pair.draft), Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
-    trace = Trace("sd", prompt_len=len(prompt_ids))
-    start = time.perf_counter()
-    verifier.target.prefill(prompt_ids)
-    draft.prefill(prompt_ids)
-    trace.prefill_s = time.perf_counter() - start
-    done = False
-    while not done:
-        k_round = verifier.draft_len()
-        t0 = time.perf_counter()
-        drafted, q_rows, _ = draft_tokens(draft, verifier.tokens, uniforms(k_round, generator), config.temperature)
-        t1 = time.perf_counter()
-        q = torch.stack(q_rows) if q_rows else torch.empty(0, pair.vocab_size)
-        verdict, emitted, done = verifier.verify(drafted, q, uniforms(k_round + 1, generator))
-        # The draft's cache keeps only the accepted prefix too; the appended token t* is fed next round.
-        draft.rollback(verifier.accepted_len)
-        trace.rounds.append(
-            Round(k_round, verdict.accepted, verdict.token, len(emitted), t1 - t0, time.perf_counter() - t1)
-        )
-    trace.wall_s = time.perf_counter() - start
+    proposer = DraftModelProposer(pair.draft, prompt_ids, config.temperature)
+    verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
+    trace, watch = Trace("sd", prompt_len=len(prompt_ids)), Stopwatch()
+    with watch.whole(trace):
+        watch.prefill(trace, prompt_ids, verifier.target, proposer.model)
+        done = False
+        while not done:
+            k_round = verifier.draft_len()
+            with watch("draft_s"):
+                draft = proposer.propose(k_round, uniforms(k_round, generator))
+            with watch("verify_s"):
+                checked = verifier.check(draft, uniforms(k_round + 1, generator))
+            proposer.observe(draft, checked.verdict)
+            done = checked.done
+            trace.rounds.append(Round(draft_len=k_round, accepted=checked.verdict.accepted,
+                                      token=checked.verdict.token, new_tokens=len(checked.emitted), **watch.take()))
     return verifier.new, trace

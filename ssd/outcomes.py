@@ -26,7 +26,7 @@ def check_budget(budget: int) -> int:
 
 def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
-        raise ValueError(f"fan_out must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+        raise ValueError(f"fan_out_strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     return strategy
 
 
@@ -108,7 +108,7 @@ class Calibrator:
         fitted = fit_power_law(self.ranks, self.max_f)
         return fitted if fitted is not None else self.prior_r
 
-    def fan_out(self, budget: int, k: int) -> list[int]:
+    def allocate(self, budget: int, k: int) -> list[int]:
         return geometric_fan_out(budget, k, min(max(self.a_p, 0.0), 1.0), self.r)
 
 
@@ -119,24 +119,44 @@ def miss_rates(ranks, max_f: int) -> tuple[np.ndarray, np.ndarray]:
     return f, (ranks[None, :] > f[:, None]).mean(axis=1)
 
 
-def fit_power_law(ranks, max_f: int = 32) -> float | None:
-    """r of miss(F) ~ c F^(-r), by least squares in log-log over the F whose miss rate is still positive."""
+@dataclass(frozen=True)
+class PowerLaw:
+    """miss(F) ~ c F^(-r): the fraction of outcomes whose t* ranks beyond the fan-out F."""
+
+    c: float
+    r: float
+
+
+def fit_miss_rate(ranks, max_f: int = 32) -> PowerLaw | None:
+    """The power law of the miss rate, by least squares in log-log over the F in 1..max_f whose miss rate is still
+    positive; None where fewer than two such F leave nothing to fit. ranks: 1-based; None or NaN (unranked) dropped."""
+    ranks = [int(x) for x in ranks if x is not None and x == x]
+    if not ranks:
+        return None
     f, miss = miss_rates(ranks, max_f)
     keep = miss > 0
     if keep.sum() < 2:
         return None
-    slope, _ = np.polyfit(np.log(f[keep]), np.log(miss[keep]), 1)
-    return max(-float(slope), 1e-3)  # r must stay positive for Theorem 12
+    log_f, log_miss = np.log(f[keep]), np.log(miss[keep])
+    slope, _ = np.polyfit(log_f, log_miss, 1)
+    r = max(-float(slope), 1e-3)  # r must stay positive for Theorem 12
+    return PowerLaw(c=float(np.exp(np.mean(log_miss + r * log_f))), r=r)  # c: the least-squares intercept for r
 
 
-def fan_out(strategy: str, budget: int, k: int, *, a_p: float = 0.6, r: float = 0.5, calibrator=None) -> list[int]:
+def fit_power_law(ranks, max_f: int = 32) -> float | None:
+    """r of the miss rate's power law (``fit_miss_rate``), or None where there is nothing to fit."""
+    fitted = fit_miss_rate(ranks, max_f)
+    return fitted.r if fitted is not None else None
+
+
+def allocate(strategy: str, budget: int, k: int, *, a_p: float = 0.6, r: float = 0.5, calibrator=None) -> list[int]:
     """The fan-out F_0..F_K of one round under a strategy."""
     check_strategy(strategy)
     if strategy == "uniform":
         return uniform_fan_out(budget, k)
     if strategy == "geometric":
         return geometric_fan_out(budget, k, a_p, r)
-    return (calibrator or Calibrator(prior_a_p=a_p, prior_r=r)).fan_out(budget, k)
+    return (calibrator or Calibrator(prior_a_p=a_p, prior_r=r)).allocate(budget, k)
 
 
 def ranked(logits: torch.Tensor, exclude: int | None = None) -> torch.Tensor:

@@ -22,8 +22,10 @@ import seaborn as sns
 
 from .experiments import MIN_CI_N, RATES, fitted_a_p, mean_ci
 from .files import atomic_path
-from .outcomes import fit_power_law, miss_rates, outcome_probabilities
+from .outcomes import fit_miss_rate, miss_rates, outcome_probabilities
 from .theory import expected_tokens
+from .trace import token_roles
+from .verify import ROLES
 
 PALETTE = "colorblind"
 FIGSIZE = (7.0, 4.5)
@@ -33,8 +35,7 @@ CI_LABEL = "mean ± 95% CI over prompts"
 RATE_CI_LABEL = "mean ± 95% CI over prompts, clipped to [0, 1]"
 NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompts"
 
-# Token roles and their colours (backgrounds, light enough to read black text on).
-ROLES = ("accepted", "recovered", "bonus", "target")
+# Token roles (ssd.verify.ROLES) and their colours (backgrounds, light enough to read black text on).
 ROLE_COLOURS = {"accepted": "#b7e4b0", "recovered": "#ffcc80", "bonus": "#a8d1f5", "target": None}
 ROLE_HELP = {
     "accepted": "drafted token the target accepted",
@@ -282,21 +283,6 @@ def _clean_ranks(ranks) -> np.ndarray:
     return np.asarray(kept, dtype=int)
 
 
-def power_law(ranks, max_f: int = 32) -> tuple[float, float] | None:
-    """(c, r) of miss(F) ~ c F^(-r): r from `ssd.outcomes.fit_power_law`, c its least-squares intercept.
-
-    Over the same F (1..max_f, miss rate > 0) as the fit; None where the fit has too few points.
-    """
-    ranks = _clean_ranks(ranks)
-    r = fit_power_law(ranks, max_f) if len(ranks) else None
-    if r is None:
-        return None
-    f, miss = miss_rates(ranks, max_f)
-    keep = miss > 0
-    c = float(np.exp(np.mean(np.log(miss[keep]) + r * np.log(f[keep]))))
-    return c, r
-
-
 def miss_rate_fit(ranks, max_f: int = 32):
     """Empirical miss rate P(rank of t* > F) against fan-out F on log-log, with the fitted power law c F^(-r).
 
@@ -310,14 +296,14 @@ def miss_rate_fit(ranks, max_f: int = 32):
     if clean.min() < 1:
         raise ValueError(f"ranks are 1-based; got a rank of {clean.min()}")
     f, miss = miss_rates(clean, max_f)
-    fit = power_law(clean, max_f)
+    fit = fit_miss_rate(clean, max_f)
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(2)
         pos = miss > 0
         ax.plot(f[pos], miss[pos], "o", color=pal[0], label=f"measured ({len(clean)} ranked rounds)")
         if fit is not None:
-            c, r = fit
+            c, r = fit.c, fit.r
             ax.plot(f, c * f.astype(float) ** (-r), "-", color=pal[1], label=f"fit: {c:.2f} · F^(−r), r = {r:.2f}")
         else:
             ax.plot([], [], " ", label="too few misses to fit r")
@@ -491,28 +477,6 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
 
 
 # --- the text, coloured by role -------------------------------------------------------------------------------------
-
-def token_roles(rounds) -> list[str]:
-    """The role of each new token, round by round: "accepted", "recovered", "bonus" or "target".
-
-    A round adds new_tokens tokens: the first min(accepted, new_tokens) are accepted drafted tokens, then (if the
-    round was not cut before it) the target's token: recovered if accepted < draft_len, bonus if
-    accepted == draft_len > 0, target if draft_len == 0 (autoregressive). rounds: Trace.to_frame() or a Trace.
-    """
-    if hasattr(rounds, "to_frame"):
-        rounds = rounds.to_frame()
-    _check(rounds, ["draft_len", "accepted", "new_tokens"], "token_roles", allow_empty=True)
-    roles: list[str] = []
-    for i, (d, k, n) in enumerate(zip(rounds["draft_len"], rounds["accepted"], rounds["new_tokens"])):
-        d, k, n = int(d), int(k), int(n)
-        if not (0 <= k <= d and 0 <= n <= k + 1):
-            raise ValueError(f"round {i}: need 0 <= accepted <= draft_len and 0 <= new_tokens <= accepted + 1, "
-                             f"got draft_len={d}, accepted={k}, new_tokens={n}")
-        roles += ["accepted"] * min(k, n)
-        if n > k:
-            roles.append("target" if d == 0 else "bonus" if k == d else "recovered")
-    return roles
-
 
 def token_pieces(tokenizer, tokens) -> list[str]:
     """The text each token adds, by decoding growing prefixes (a token may be half a character: its text goes to

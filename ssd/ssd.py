@@ -15,25 +15,28 @@ independent of the budget B, which is what makes the counterfactual hit rates of
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
 
-from .cache import Speculation, SpeculationCache
-from .decoding import CachedModel, DecodeConfig, Verifier, check_prompt, draft_tokens
-from .outcomes import Calibrator, candidates, check_budget, check_strategy, fan_out, rank_of
-from .sampling import check_saguaro_c, one_hot, probs_from_logits, sample_from_uniform, saguaro, uniforms
-from .trace import SSDRound, Trace
+from .cache import SpeculationCache
+from .cached_model import CachedModel
+from .decoding import Checked, DecodeConfig, Verifier, check_prompt
+from .outcomes import Calibrator, allocate, candidates, check_budget, check_strategy, rank_of
+from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
+from .sampling import check_saguaro_c, probs_from_logits, sample_from_uniform, saguaro, uniforms
+from .trace import SSDRound, Stopwatch, Trace
+from .verify import Verdict
 
 BACKUPS = ("jit", "fast")
+BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's drafts come from, by Draft.source
 
 
 @dataclass
 class SSDConfig(DecodeConfig):
     budget: int = 16  # B: cached outcomes per round, over all positions
-    fan_out: str = "uniform"  # uniform | geometric | calibrated
+    fan_out_strategy: str = "uniform"  # how B is spread over the positions: uniform | geometric | calibrated
     saguaro_c: float = 1.0  # C of Saguaro sampling; 1 = plain sampling
     backup: str = "jit"  # jit | fast
     a_p: float = 0.6  # geometric: the acceptance rate; calibrated: its prior
@@ -43,7 +46,7 @@ class SSDConfig(DecodeConfig):
     def __post_init__(self):
         super().__post_init__()
         check_budget(self.budget)
-        check_strategy(self.fan_out)
+        check_strategy(self.fan_out_strategy)
         self.saguaro_c = check_saguaro_c(self.saguaro_c)
         if self.backup not in BACKUPS:
             raise ValueError(f"backup must be one of {', '.join(BACKUPS)}; got {self.backup!r}")
@@ -69,7 +72,7 @@ def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> tor
 
     The drafted token is usually the top one and is never a candidate, so the top f + 1 are the tokens the cache
     will cover there (as in the official code). At temperature 0 the greedy draft is left alone.
-    logits: [..., V].
+    logits: [..., V] -> q [..., V].
     """
     q = probs_from_logits(logits, temperature)
     if temperature == 0 or c == 1.0 or f == 0:
@@ -77,88 +80,79 @@ def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> tor
     return saguaro(q, torch.topk(logits, min(f + 1, logits.shape[-1]), dim=-1).indices, c)
 
 
-def jit_backup(draft: CachedModel, tokens: list[int], u: torch.Tensor, config: SSDConfig, f: list[int]) -> Speculation:
-    """The primary drafter drafts just in time: SD's draft phase."""
-    reweight = lambda j, logits, q: saguaro_q(logits, config.temperature, f[j], config.saguaro_c)  # noqa: E731
-    drafted, q_rows, logit_rows = draft_tokens(draft, tokens, u, config.temperature, reweight)
-    return Speculation(drafted, torch.stack(q_rows), torch.stack(logit_rows), f)
+class SaguaroDrafter(DraftModelProposer):
+    """The draft model drafting for SSD: the jit backup, and the owner of the draft's KV cache, which the tree
+    pre-speculation extends and rolls back. Its q is Saguaro's for `fan_out`, the F_0..F_K of the round its drafts
+    are for, which the Speculator sets each round."""
 
+    def __init__(self, model, prompt_ids: list[int], config: SSDConfig):
+        super().__init__(model, prompt_ids, config.temperature)
+        self.c = config.saguaro_c
+        self.fan_out: tuple[int, ...] = ()
 
-def ngram_proposal(tokens: list[int], k: int, max_n: int) -> list[int]:
-    """Prompt lookup: the K tokens that followed the latest earlier occurrence of the longest matching suffix.
-
-    Falls back to shorter n-grams, then to repeating the last token; pads a short continuation with its last token.
-    """
-    for n in range(min(max_n, len(tokens) - 1), 0, -1):
-        suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start : start + n] == suffix:
-                follow = tokens[start + n : start + n + k]
-                return follow + [follow[-1]] * (k - len(follow))
-    return [tokens[-1]] * k
-
-
-def fast_backup(tokens: list[int], config: SSDConfig, vocab_size: int, f: list[int]) -> Speculation:
-    """A near-free proposer; as a deterministic proposal its q is one-hot."""
-    proposal = ngram_proposal(tokens, config.k, config.ngram)
-    return Speculation(proposal, one_hot(proposal, vocab_size), None, f)
+    def distribution(self, position: int, logits: torch.Tensor) -> torch.Tensor:
+        return saguaro_q(logits, self.temperature, self.fan_out[position], self.c)
 
 
 def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
     """Additive [1, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches.
 
-    Branch b sees the prefix columns prefix_visible[b] marks and its own nodes of depths 0..depth; tree columns are
-    laid out depth by depth, N per depth.
+    Branch b sees the prefix columns prefix_visible[b] ([N, base]) marks and its own nodes of depths 0..depth; tree
+    columns are laid out depth by depth, N per depth.
     """
     n = prefix_visible.shape[0]
-    own = torch.eye(n, dtype=torch.bool).repeat(1, depth + 1)
-    visible = torch.cat([prefix_visible, own], dim=1)
+    own = torch.eye(n, dtype=torch.bool).repeat(1, depth + 1)  # [N, (depth + 1) N]
+    visible = torch.cat([prefix_visible, own], dim=1)  # [N, base + (depth + 1) N]
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
 
 
 @torch.inference_mode()
-def draft_tree(draft: CachedModel, prefix_len: int, outcomes, u: torch.Tensor, config: SSDConfig, f: list[int]):
-    """Draft K tokens for every outcome (k, t) at once: K forwards, each over all N branches in one row.
+def draft_tree(draft: CachedModel, prefix_len: int, outcomes, u: torch.Tensor, temperature: float, c: float,
+               fan_out) -> list[Draft]:
+    """Draft len(u) tokens for every outcome (k, t) at once: len(u) forwards, each over all N branches in one row.
 
-    The draft's cache holds prefix + x_1..x_K. Branch (k, t) continues prefix + x_1..x_k + t, so its nodes see the
-    prefix and the first k chain tokens, then their own earlier nodes. Returns one Speculation per outcome.
+    The draft's cache holds prefix + x_1..x_K (base positions). Branch (k, t) continues prefix + x_1..x_k + t, so its
+    nodes see the prefix and the first k chain tokens, then their own earlier nodes. Each branch is drawn with
+    Saguaro's q for `fan_out` (the F_0..F_K of the round it drafts for). Returns one Draft per outcome.
     """
     model, base = draft.model, draft.length
-    ks = torch.tensor([k for k, _ in outcomes])
-    feed = torch.tensor([t for _, t in outcomes])
-    prefix_visible = torch.arange(base)[None, :] < (prefix_len + ks)[:, None]
+    ks = torch.tensor([k for k, _ in outcomes])  # [N] accepted count of each branch's outcome
+    feed = torch.tensor([t for _, t in outcomes])  # [N] the tokens fed at this depth: t*, then each branch's draft
+    prefix_visible = torch.arange(base)[None, :] < (prefix_len + ks)[:, None]  # [N, base]
     tokens, q_rows, logit_rows = [], [], []
-    for depth in range(config.k):
+    for depth in range(len(u)):
         out = model(
-            input_ids=feed[None].to(draft.device),
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype).to(draft.device),
-            position_ids=(prefix_len + ks + depth)[None].to(draft.device),
+            input_ids=feed[None].to(draft.device),  # [1, N]
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype).to(draft.device),  # [1, 1, N, base + (depth + 1) N]
+            position_ids=(prefix_len + ks + depth)[None].to(draft.device),  # [1, N]
             cache=draft.cache,
             use_cache=True,
         )
         logits = out.logits[0].float()  # [N, V]
-        q = saguaro_q(logits, config.temperature, f[depth], config.saguaro_c)
-        feed = sample_from_uniform(q, u[depth].expand(len(outcomes))).cpu()
+        q = saguaro_q(logits, temperature, fan_out[depth], c)  # [N, V]
+        feed = sample_from_uniform(q, u[depth].expand(len(outcomes))).cpu()  # [N]
         tokens.append(feed)
         q_rows.append(q)
         logit_rows.append(logits)
     draft.rollback(base)
-    tokens, q_rows, logit_rows = torch.stack(tokens, 1), torch.stack(q_rows, 1), torch.stack(logit_rows, 1)
-    return [Speculation(tokens[i].tolist(), q_rows[i], logit_rows[i], f) for i in range(len(outcomes))]
+    tokens = torch.stack(tokens, 1)  # [N, K]
+    q_rows, logit_rows = torch.stack(q_rows, 1), torch.stack(logit_rows, 1)  # [N, K, V] each
+    return [Draft(tokens[i].tolist(), q_rows[i], logit_rows[i], tuple(fan_out), source="cache")
+            for i in range(len(outcomes))]
 
 
-def prespeculate(draft: CachedModel, tokens: list[int], block: Speculation, u: torch.Tensor, config: SSDConfig,
-                 f_next: list[int]):
-    """Fill the cache for the round about to be verified.
+def branch_drafts(draft: CachedModel, tokens: list[int], block: Draft, u: torch.Tensor, temperature: float,
+                  c: float, fan_out) -> tuple[dict, torch.Tensor]:
+    """The next round's draft for every predicted outcome of `block`'s round, drafted after `tokens`.
 
-    Returns the speculations by outcome and the [K + 1, V] draft logits that rank the candidates at positions
-    0..K (the last row, after x_K, costs the one extra "glue" forward).
+    Returns the drafts by outcome and the [K + 1, V] draft logits that rank the candidates at positions 0..K (the
+    last row, after x_K, costs the one extra "glue" forward).
     """
     K = len(block.tokens)
-    # The glue step: feed the draft (all of it if it was a proposal, whose logits we lack) and look one past it.
-    glue = draft.logits(tokens + block.tokens, keep=1 if block.logits is not None else K + 1)
-    rows = glue if block.logits is None else torch.cat([block.logits, glue])
+    # The glue step: feed the draft (all of it if it was a lookup, whose logits we lack) and look one past it.
+    glue = draft.logits(tokens + block.tokens, keep=1 if block.logits is not None else K + 1)  # [1 or K + 1, V]
+    rows = glue if block.logits is None else torch.cat([block.logits, glue])  # [K + 1, V]
     outcomes = [
         (k, t)
         for k in range(K + 1)
@@ -166,72 +160,91 @@ def prespeculate(draft: CachedModel, tokens: list[int], block: Speculation, u: t
     ]
     if not outcomes:
         return {}, rows
-    speculations = draft_tree(draft, len(tokens), outcomes, u, config, f_next)
-    return dict(zip(outcomes, speculations)), rows
+    drafts = draft_tree(draft, len(tokens), outcomes, u, temperature, c, fan_out)
+    return dict(zip(outcomes, drafts)), rows
 
 
-def truncate(block: Speculation, n: int) -> Speculation:
-    """The first n drafted tokens (near max_new_tokens a round drafts fewer than K)."""
-    logits = block.logits[:n] if block.logits is not None else None
-    return Speculation(block.tokens[:n], block.q[:n], logits, block.fan_out)
+# ---- SSD's proposer ------------------------------------------------------------------------------------------------
 
 
-# ---- the two sides ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lookup:
+    """What the cache made of one round's outcome."""
+
+    hit: bool  # the outcome (k, t*) was cached
+    rank: int | None  # rank of t* among the candidates at position k; None where nothing was ranked
 
 
-class Speculator:
-    """The draft side of SSD: the fan-out, pre-speculation, the cache and the backups.
+class Speculator(Proposer):
+    """SSD's proposer: the speculation cache with a backup, fed by pre-speculation.
 
-    It lives wherever the draft model lives: beside the verifier in ``generate_ssd``, on its own device in
-    ``ssd.pipeline``. It keeps its own copy of the committed tokens, advanced by each round's outcome.
+    A round: ``propose`` hands out the draft (from the cache after a hit, else from the backup); while the target
+    verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
+    and looks it up (``lookup`` then says hit or miss). It always drafts K tokens, the configured length, and hands
+    out the first k (fewer near max_new_tokens): the cache is filled for the whole draft. It lives wherever the draft
+    model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
     """
 
     def __init__(self, draft_model, prompt_ids: list[int], config: SSDConfig, vocab_size: int):
-        self.draft = CachedModel(draft_model)
-        self.tokens = list(prompt_ids)
+        super().__init__(prompt_ids)
         self.config = config
-        self.vocab_size = vocab_size
+        self.drafter = SaguaroDrafter(draft_model, prompt_ids, config)
+        self.backup = self.drafter if config.backup == "jit" else NgramProposer(prompt_ids, vocab_size, config.ngram)
         self.cache = SpeculationCache()
-        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if config.fan_out == "calibrated" else None
-        self.rank_rows = None  # draft logits ranking the candidates of the round being verified
+        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if config.fan_out_strategy == "calibrated" else None
+        self.f_next = self.next_fan_out()  # the F_0..F_K the drafts made now are for
+        self.block: Draft | None = None  # the whole K-token draft of the round being verified
+        self.found: Draft | None = None  # the cached draft for the last outcome, if it hit
+        self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
+        self.lookup: Lookup | None = None
 
-    def fan_out(self) -> list[int]:
+    @property
+    def model(self) -> CachedModel:
+        return self.drafter.model
+
+    def next_fan_out(self) -> tuple[int, ...]:
+        """F_0..F_K from the strategy and, calibrated, the estimates so far."""
         c = self.config
-        return fan_out(c.fan_out, c.budget, c.k, a_p=c.a_p, r=c.r, calibrator=self.calibrator)
+        return tuple(allocate(c.fan_out_strategy, c.budget, c.k, a_p=c.a_p, r=c.r, calibrator=self.calibrator))
 
     def estimates(self) -> tuple[float, float]:
         """The a_p and r the fan-out strategy uses now."""
         return (self.calibrator.a_p, self.calibrator.r) if self.calibrator else (self.config.a_p, self.config.r)
 
-    def backup(self, u_draft: torch.Tensor, f: list[int]) -> Speculation:
-        if self.config.backup == "fast":
-            return fast_backup(self.tokens, self.config, self.vocab_size, f)
-        return jit_backup(self.draft, self.tokens, u_draft, self.config, f)
+    def propose(self, k: int, u: torch.Tensor) -> Draft:
+        """The next draft: the cached one after a hit, else the backup's, drafted with u ([K] uniforms)."""
+        if self.found is not None:
+            self.block = self.found
+        else:
+            self.drafter.fan_out = self.f_next
+            self.block = replace(self.backup.propose(self.config.k, u), fan_out=self.f_next)
+        return self.block.truncated(k)
 
-    def prespeculate(self, block: Speculation, u_draft: torch.Tensor, f_next: list[int]) -> None:
-        """Fill the cache with the next round's draft for every predicted outcome of `block`'s round."""
+    def prespeculate(self, u: torch.Tensor) -> None:
+        """Fill the cache with the next round's draft for every predicted outcome of this round (u: [K] uniforms,
+        the ones a backup would draft the next round with)."""
+        self.f_next = self.next_fan_out()
         entries, self.rank_rows = {}, None
         if self.config.budget > 0:
-            entries, self.rank_rows = prespeculate(self.draft, self.tokens, block, u_draft, self.config, f_next)
+            entries, self.rank_rows = branch_drafts(self.model, self.tokens, self.block, u, self.config.temperature,
+                                                    self.config.saguaro_c, self.f_next)
         self.cache.fill(entries)
 
-    def advance(self, block: Speculation, outcome: tuple[int, int], draft_len: int, u_draft, f_next, last: bool):
-        """Commit the round's outcome; return (next block or None if last, hit, rank of t*, backup used or None)."""
-        k, t_star = outcome
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
+        """Commit the outcome (k, t*), learn from it (calibrated fan-out) and look it up in the cache."""
+        k, t_star = verdict.outcome
         rank = None
         if self.rank_rows is not None:
-            excluded = block.tokens[k] if k < len(block.tokens) else None
+            excluded = self.block.tokens[k] if k < len(self.block.tokens) else None
             rank = rank_of(t_star, self.rank_rows[k], excluded) if t_star != excluded else None
         if self.calibrator:
-            self.calibrator.update(k, draft_len, rank)
-        self.draft.rollback(len(self.tokens) + k)
-        self.tokens += block.tokens[:k] + [t_star]
-        found = self.cache.lookup(outcome) if self.config.budget > 0 else None
-        if last:
-            return None, found is not None, rank, None
-        if found is not None:
-            return found, True, rank, None
-        return self.backup(u_draft, f_next), False, rank, self.config.backup
+            self.calibrator.update(k, verdict.draft_len, rank)
+        self.drafter.observe(draft, verdict)
+        if self.backup is not self.drafter:
+            self.backup.observe(draft, verdict)
+        super().observe(draft, verdict)
+        self.found = self.cache.lookup(verdict.outcome) if self.config.budget > 0 else None
+        self.lookup = Lookup(hit=self.found is not None, rank=rank)
 
 
 def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,32 +259,39 @@ def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator
     prompt_ids = check_prompt(pair, prompt_ids, config)
     speculator = Speculator(pair.draft, prompt_ids, config, pair.vocab_size)
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
-    trace = Trace("ssd", prompt_len=len(prompt_ids))
-    start = time.perf_counter()
-    verifier.target.prefill(prompt_ids)
-    speculator.draft.prefill(prompt_ids)
-    trace.prefill_s = time.perf_counter() - start
-    block = speculator.backup(uniforms(config.k, generator), speculator.fan_out())
-    done = False
-    while not done:
-        k_round = verifier.draft_len()
-        u_draft, u_verify = round_uniforms(generator, config.k, k_round)
-        a_p, r = speculator.estimates()
-        f_next = speculator.fan_out()
-        t0 = time.perf_counter()
-        speculator.prespeculate(block, u_draft, f_next)  # on two devices this overlaps the verify pass below
-        t1 = time.perf_counter()
-        this = truncate(block, k_round)
-        verdict, emitted, done = verifier.verify(this.tokens, this.q, u_verify)
-        t2 = time.perf_counter()
-        block, hit, rank, backup = speculator.advance(block, verdict.outcome, k_round, u_draft, f_next, last=done)
-        t3 = time.perf_counter()
-        trace.rounds.append(
-            SSDRound(k_round, verdict.accepted, verdict.token, len(emitted), draft_s=t3 - t2, verify_s=t2 - t1,
-                     prespec_s=t1 - t0, hit=hit, rank=rank, fan_out=tuple(this.fan_out), a_p=a_p, r=r, backup=backup)
-        )
-    trace.wall_s = time.perf_counter() - start
+    trace, watch = Trace("ssd", prompt_len=len(prompt_ids)), Stopwatch()
+    with watch.whole(trace):
+        watch.prefill(trace, prompt_ids, verifier.target, speculator.model)
+        draft = speculator.propose(verifier.draft_len(), uniforms(config.k, generator))
+        done = False
+        while not done:
+            u_draft, u_verify = round_uniforms(generator, config.k, len(draft.tokens))
+            a_p, r = speculator.estimates()
+            with watch("prespec_s"):
+                speculator.prespeculate(u_draft)  # on two devices this overlaps the verify pass below
+            with watch("verify_s"):
+                checked = verifier.check(draft, u_verify)
+            done = checked.done
+            with watch("draft_s"):  # the lookup, and the backup after a miss
+                speculator.observe(draft, checked.verdict)
+                following = None if done else speculator.propose(verifier.draft_len(), u_draft)
+            trace.rounds.append(ssd_round(checked, speculator.lookup, draft, following, a_p, r, **watch.take()))
+            draft = following
     return verifier.new, trace
+
+
+def backup_used(following: Draft | None) -> str | None:
+    """The backup that drafted the next round after a miss ("jit" or "fast"); None after a hit or the last round."""
+    return None if following is None or following.source == "cache" else BACKUP_OF[following.source]
+
+
+def ssd_round(checked: Checked, lookup: Lookup, draft: Draft, following: Draft | None, a_p: float, r: float,
+              **seconds) -> SSDRound:
+    """The trace's record of one SSD round; `following` is the next round's draft (None after the last)."""
+    v = checked.verdict
+    return SSDRound(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
+                    hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, a_p=a_p, r=r,
+                    backup=backup_used(following), **seconds)
 
 
 # ---- counterfactual hit rates ------------------------------------------------------------------------------------
@@ -299,9 +319,9 @@ def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_
         rank = None if pd.isna(row.rank) else int(row.rank)
         for b in budgets:
             if strategy == "calibrated":
-                f = calibrator.fan_out(b, k)
+                f = calibrator.allocate(b, k)
             else:
-                f = fan_out(strategy, b, k, a_p=a_p, r=r)
+                f = allocate(strategy, b, k, a_p=a_p, r=r)
             rows.append({"run": run, "round": row.round, "budget": b, "hit": rank is not None and rank <= f[row.accepted]})
         calibrator.update(row.accepted, row.draft_len, rank)
     return pd.DataFrame(rows)

@@ -1,9 +1,13 @@
-"""The per-round record every decoding method returns, and its pandas DataFrame."""
+"""The per-round record every decoding method returns, its pandas DataFrame, and the stopwatch that times it."""
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
+
+from .verify import target_token_role
 
 
 @dataclass
@@ -96,3 +100,66 @@ class Trace:
         rows = [{"method": self.method, "round": i, **asdict(r)} for i, r in enumerate(self.rounds)]
         kind = type(self.rounds[0]) if self.rounds else Round
         return pd.DataFrame(rows, columns=["method", "round", *kind.__dataclass_fields__])
+
+
+def token_roles(rounds) -> list[str]:
+    """The role of each new token, round by round: "accepted", or the target's token's role (``ssd.verify.ROLES``).
+
+    A round adds new_tokens tokens: the first min(accepted, new_tokens) are accepted drafted tokens, then (if the
+    round was not cut before it) the target's token t*. rounds: Trace.to_frame() or a Trace.
+    """
+    if hasattr(rounds, "to_frame"):
+        rounds = rounds.to_frame()
+    missing = [c for c in ("draft_len", "accepted", "new_tokens") if c not in rounds.columns]
+    if missing:
+        raise ValueError(f"token_roles needs the columns draft_len, accepted, new_tokens; missing {missing}")
+    roles: list[str] = []
+    for i, (d, k, n) in enumerate(zip(rounds["draft_len"], rounds["accepted"], rounds["new_tokens"])):
+        d, k, n = int(d), int(k), int(n)
+        if not (0 <= k <= d and 0 <= n <= k + 1):
+            raise ValueError(f"round {i}: need 0 <= accepted <= draft_len and 0 <= new_tokens <= accepted + 1, "
+                             f"got draft_len={d}, accepted={k}, new_tokens={n}")
+        roles += ["accepted"] * min(k, n)
+        if n > k:
+            roles.append(target_token_role(k, d))
+    return roles
+
+
+class Stopwatch:
+    """The phase times of a loop, kept out of its algorithm's lines:
+
+        with watch("verify_s"):
+            ...
+        trace.rounds.append(Round(..., **watch.take()))   # the phases timed since the last take, by name
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, phase: str):
+        """Add the time of the block to `phase`."""
+        return _timed(lambda seconds: self.seconds.__setitem__(phase, self.seconds.get(phase, 0.0) + seconds))
+
+    def take(self) -> dict[str, float]:
+        """The times since the last take, by phase, and start afresh."""
+        taken, self.seconds = self.seconds, {}
+        return taken
+
+    def whole(self, trace: Trace):
+        """Time a whole generate call into trace.wall_s."""
+        return _timed(lambda seconds: setattr(trace, "wall_s", seconds))
+
+    def prefill(self, trace: Trace, prompt_ids: list[int], *models) -> None:
+        """The prompt's pass of each model (``CachedModel.prefill``), timed apart from the rounds: trace.prefill_s."""
+        with _timed(lambda seconds: setattr(trace, "prefill_s", seconds)):
+            for model in models:
+                model.prefill(prompt_ids)
+
+
+@contextlib.contextmanager
+def _timed(record):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record(time.perf_counter() - start)

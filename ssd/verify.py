@@ -13,6 +13,15 @@ import torch
 
 from .sampling import residual, sample_from_uniform
 
+# The roles of an output token: a drafted token the target accepted, or the target's own token t*, which is recovered
+# (from the residual at the first rejection), bonus (after all K were accepted) or, without a draft (AR), target.
+ROLES = ("accepted", "recovered", "bonus", "target")
+
+
+def target_token_role(accepted: int, draft_len: int) -> str:
+    """The role of t* in a round that accepted `accepted` of `draft_len` drafted tokens."""
+    return "target" if draft_len == 0 else "bonus" if accepted == draft_len else "recovered"
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -23,8 +32,9 @@ class Verdict:
     draft_len: int  # K of this round
 
     @property
-    def bonus(self) -> bool:
-        return self.accepted == self.draft_len
+    def role(self) -> str:
+        """t*'s role: recovered, bonus, or target (no draft)."""
+        return target_token_role(self.accepted, self.draft_len)
 
     @property
     def outcome(self) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from ssd.prompts import load_prompts, prompt_set
         (["generate", "--prompt", "x", "--method", "beam"], "method must be one of"),
         (["generate", "--prompt", "x", "--budget", "-2"], "budget (B, the number of cached outcomes)"),
         (["generate", "--prompt", "x", "--saguaro-c", "2"], "saguaro_c (C) must lie in [0, 1]"),
-        (["generate", "--prompt", "x", "--fan-out", "zipf"], "fan_out must be one of"),
+        (["generate", "--prompt", "x", "--fan-out", "zipf"], "fan_out_strategy must be one of"),
         (["generate", "--prompt", "x", "--backup", "slow"], "backup must be one of jit, fast"),
         (["bench", "--methods", "ar,beam"], "method must be one of"),
         (["bench", "--prompts", "mbpp:3"], "prompts must be one of humaneval, prose"),

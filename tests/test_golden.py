@@ -34,12 +34,12 @@ CASES = [
     ("hf-ar", "hf-ar", {}),
     ("hf-sd", "hf-sd", {"k": 3}),
     ("ssd-uniform", "ssd", {"k": 3, "budget": 6}),
-    ("ssd-geometric", "ssd", {"k": 3, "budget": 6, "fan_out": "geometric"}),
-    ("ssd-calibrated", "ssd", {"k": 3, "budget": 8, "fan_out": "calibrated"}),
+    ("ssd-geometric", "ssd", {"k": 3, "budget": 6, "fan_out_strategy": "geometric"}),
+    ("ssd-calibrated", "ssd", {"k": 3, "budget": 8, "fan_out_strategy": "calibrated"}),
     ("ssd-saguaro", "ssd", {"k": 3, "budget": 6, "saguaro_c": 0.5}),
     ("ssd-fast", "ssd", {"k": 3, "budget": 1, "backup": "fast"}),
     ("ssd-b0", "ssd", {"k": 2, "budget": 0}),
-    ("ssd-pipeline", "ssd-pipeline", {"k": 3, "budget": 6, "fan_out": "calibrated"}),
+    ("ssd-pipeline", "ssd-pipeline", {"k": 3, "budget": 6, "fan_out_strategy": "calibrated"}),
 ]
 # What a round's record must keep; times are left out (they are measurements, not behaviour).
 ROUND_FIELDS = ("draft_len", "accepted", "token", "new_tokens", "hit", "rank", "fan_out", "a_p", "r", "backup")

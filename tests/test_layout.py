@@ -68,3 +68,22 @@ def test_the_pipeline_knows_nothing_of_the_command_line():
 def test_only_the_launchers_import_the_command_line():
     # cli is on top: __main__ (python -m ssd) and torchrun (python -m ssd.torchrun) only start it.
     assert sorted(m for m, deps in graph().items() if "cli" in deps) == ["__main__", "torchrun"]
+
+
+def test_all_drafting_goes_through_the_proposer_interface():
+    """The drafting internals (the tree pre-speculation, the n-gram lookup) are called only inside their own module;
+    everything else drafts through propose / observe (ssd.proposers)."""
+    internals = {"draft_tree": "ssd", "branch_drafts": "ssd", "ngram_proposal": "proposers"}
+    for path in PACKAGE.glob("*.py"):
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        outside = {name for name, home in internals.items() if name in names and path.stem != home}
+        assert not outside, f"{path.name} calls {sorted(outside)} outside its module"
+
+
+def test_the_pipeline_is_split_by_idea():
+    edges = graph()
+    # The lifecycle uses the protocol and the transport; the protocol the transport; the transport neither.
+    assert {"protocol", "transport"} <= edges["pipeline"] and "transport" in edges["protocol"]
+    assert not edges["transport"] & {"protocol", "pipeline", "ssd", "decoding"}
+    assert "pipeline" not in edges["protocol"]

@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from ssd import models
-from ssd.models import GGUFSpec, ModelPartError, check_same_tokenizer, join_parts, load_pair, tiny_pair
+from ssd import gguf_store, models
+from ssd.gguf_store import GGUFSpec, ModelPartError, join_parts
+from ssd.models import check_same_tokenizer, load_pair, tiny_pair
 
 
 @pytest.fixture(autouse=True)
@@ -190,13 +191,13 @@ def fake_part_packages(root, chunks, prefix="ssd_fake_part"):
         data.mkdir(parents=True)
         (data.parent / "__init__.py").write_text("raise RuntimeError('part packages must never be imported')\n")
         (data / f"part{i:02d}.bin").write_bytes(chunk)
-    return models._chunks(prefix, len(chunks))
+    return gguf_store.chunks(prefix, len(chunks))
 
 
 def test_missing_part_package_names_it(private_cache):
-    spec = GGUFSpec("fake model", "fake", models._chunks("ssd_no_such_part_package", 2), 2, "0" * 64)
+    spec = GGUFSpec("fake model", "fake", gguf_store.chunks("ssd_no_such_part_package", 2), 2, "0" * 64)
     with pytest.raises(ModelPartError, match="ssd_no_such_part_package1.*make install"):
-        models.ensure_cached(spec, progress=False)
+        gguf_store.ensure_cached(spec, progress=False)
     assert not private_cache.exists()
 
 
@@ -205,7 +206,7 @@ def test_corrupted_part_caches_nothing(tmp_path, private_cache, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     spec = GGUFSpec("fake model", "fake", parts, 6, "f" * 64)
     with pytest.raises(ModelPartError, match="fake model.*sha256"):
-        models.ensure_cached(spec, progress=False)
+        gguf_store.ensure_cached(spec, progress=False)
     assert list((private_cache / "models").iterdir()) == []
 
 
@@ -258,7 +259,7 @@ def shipped_spec(tmp_path, monkeypatch, model, slug):
 def test_shipped_model_round_trip(tmp_path, private_cache, monkeypatch):
     model = tiny_pair().target
     spec = shipped_spec(tmp_path, monkeypatch, model, "roundtrip")
-    folder = models.ensure_cached(spec, progress=False)
+    folder = gguf_store.ensure_cached(spec, progress=False)
     assert folder == private_cache / "models" / "roundtrip"
     assert [p.name for p in (private_cache / "models").iterdir()] == ["roundtrip"]  # no work folder, no GGUF left
     assert not list(folder.glob("*.gguf"))
@@ -269,8 +270,8 @@ def test_shipped_model_round_trip(tmp_path, private_cache, monkeypatch):
     assert tokenizer.convert_ids_to_tokens(tokenizer("abcd a").input_ids) == ["abcd", "\u0120a"]
     assert not getattr(cached, "hf_quantizer", None) and "quantization_config" not in cached.config.to_dict()
     # A second call reads the cache: nothing is joined again.
-    monkeypatch.setattr(models, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
-    assert models.ensure_cached(spec, progress=False) == folder
+    monkeypatch.setattr(gguf_store, "join_parts", lambda *a, **k: pytest.fail("joined twice"))
+    assert gguf_store.ensure_cached(spec, progress=False) == folder
 
 
 def test_registered_pair_loads_through_the_cache(tmp_path, monkeypatch):
@@ -296,7 +297,7 @@ def test_interrupted_first_load_leaves_no_cache(tmp_path, private_cache, monkeyp
 
     monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "save_pretrained", killed)  # after the weights
     with pytest.raises(KeyboardInterrupt):
-        models.ensure_cached(spec, progress=False)
+        gguf_store.ensure_cached(spec, progress=False)
     assert list((private_cache / "models").iterdir()) == []
 
 
@@ -306,23 +307,23 @@ def test_work_folder_of_a_dead_process_is_cleared(tmp_path, private_cache, monke
     stale = private_cache / "models" / f".stale.work-{int(dead.stdout)}-xyz"
     stale.mkdir(parents=True)
     (stale / "model.gguf").write_bytes(b"half a file")
-    models.ensure_cached(spec, progress=False)
+    gguf_store.ensure_cached(spec, progress=False)
     assert [p.name for p in (private_cache / "models").iterdir()] == ["stale"]
 
 
 def test_registered_parts_are_found():
     # The real chunk packages are installed (make install); finding them runs none of their code.
     for spec in (models.PAIRS["qwen2.5-coder"].draft, models.PAIRS["qwen2.5-coder"].target):
-        paths = models.part_paths(spec)
+        paths = gguf_store.part_paths(spec)
         assert sum(p.stat().st_size for p in paths) == spec.size
 
 
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("SSD_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert models.cache_dir() == tmp_path / "xdg" / "ssd"
+    assert gguf_store.cache_dir() == tmp_path / "xdg" / "ssd"
     monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "mine"))
-    assert models.cache_dir() == tmp_path / "mine"
+    assert gguf_store.cache_dir() == tmp_path / "mine"
 
 
 # --- the real pair ----------------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch
 
 from ssd.outcomes import (
     Calibrator,
+    allocate,
     candidates,
-    fan_out,
     fit_power_law,
     geometric_fan_out,
     largest_remainder,
@@ -59,7 +59,7 @@ def test_largest_remainder_is_exact_and_proportional():
     "call,match",
     [
         (lambda: uniform_fan_out(-1, 4), "budget \\(B, the number of cached outcomes\\) must be an integer >= 0"),
-        (lambda: fan_out("triangular", 8, 4), "fan_out must be one of uniform, geometric, calibrated"),
+        (lambda: allocate("triangular", 8, 4), "fan_out_strategy must be one of uniform, geometric, calibrated"),
         (lambda: geometric_fan_out(8, 4, 1.5, 0.5), "a_p \\(the acceptance rate\\) must lie in \\[0, 1\\]"),
         (lambda: geometric_fan_out(8, 4, 0.5, 0.0), "r \\(the power-law exponent of the miss rate\\) must be > 0"),
     ],
@@ -96,7 +96,7 @@ def test_calibrated_fan_out_follows_the_estimates():
     calibrator = Calibrator(prior_a_p=0.5, prior_r=1.0)
     for accepted, k, rank in synthetic_rounds(500, 4, 0.9, 1.0):
         calibrator.update(accepted, k, rank)
-    f = fan_out("calibrated", 32, 4, calibrator=calibrator)
+    f = allocate("calibrated", 32, 4, calibrator=calibrator)
     assert f == geometric_fan_out(32, 4, calibrator.a_p, calibrator.r)
     assert f[4] > f[0]  # a good draft: the bonus position deserves the most candidates
 

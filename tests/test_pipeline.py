@@ -60,12 +60,12 @@ def run(method, pair, prompt, seed, cfg):
 # ---- the same tokens as one process ------------------------------------------------------------------------------
 
 GREEDY = [
-    dict(fan_out="uniform", budget=0, saguaro_c=1.0, backup="jit"),
-    dict(fan_out="uniform", budget=4, saguaro_c=0.5, backup="fast"),
-    dict(fan_out="geometric", budget=16, saguaro_c=1.0, backup="jit"),
-    dict(fan_out="geometric", budget=4, saguaro_c=0.5, backup="fast"),
-    dict(fan_out="calibrated", budget=16, saguaro_c=0.5, backup="jit"),
-    dict(fan_out="calibrated", budget=16, saguaro_c=1.0, backup="fast"),
+    dict(fan_out_strategy="uniform", budget=0, saguaro_c=1.0, backup="jit"),
+    dict(fan_out_strategy="uniform", budget=4, saguaro_c=0.5, backup="fast"),
+    dict(fan_out_strategy="geometric", budget=16, saguaro_c=1.0, backup="jit"),
+    dict(fan_out_strategy="geometric", budget=4, saguaro_c=0.5, backup="fast"),
+    dict(fan_out_strategy="calibrated", budget=16, saguaro_c=0.5, backup="jit"),
+    dict(fan_out_strategy="calibrated", budget=16, saguaro_c=1.0, backup="fast"),
 ]
 
 
@@ -85,9 +85,9 @@ def test_greedy_pipeline_is_token_identical_to_the_target(pair, options):
 @pytest.mark.parametrize(
     "options",
     [
-        dict(fan_out="uniform", budget=8, saguaro_c=1.0, backup="jit"),
-        dict(fan_out="geometric", budget=16, saguaro_c=0.5, backup="fast"),
-        dict(fan_out="calibrated", budget=4, saguaro_c=0.2, backup="jit"),
+        dict(fan_out_strategy="uniform", budget=8, saguaro_c=1.0, backup="jit"),
+        dict(fan_out_strategy="geometric", budget=16, saguaro_c=0.5, backup="fast"),
+        dict(fan_out_strategy="calibrated", budget=4, saguaro_c=0.2, backup="jit"),
     ],
     ids=["uniform-jit", "geometric-saguaro-fast", "calibrated-saguaro-jit"],
 )
@@ -133,7 +133,7 @@ def test_the_drafter_loads_its_draft_at_the_pairs_precision():
     cfg = SSDConfig(k=3, max_new_tokens=20, budget=4)
     prompt = [1, 2, 3, 1, 2]
     with Pipeline(pair, verifier_cores=VERIFIER, drafter_cores=DRAFTER, timeout_s=30) as pipeline:
-        assert pipeline.drafter["precision"] == "int8"
+        assert pipeline.drafter.precision == "int8"
         tokens, trace = pipeline.generate(prompt, cfg, torch.Generator().manual_seed(0))
     assert tokens == generate_ar(pair, prompt, cfg, torch.Generator())[0]
     assert records(trace) == records(generate_ssd(pair, prompt, cfg, torch.Generator().manual_seed(0))[1])
@@ -145,7 +145,7 @@ def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     pipeline = pipeline_for(pair, cfg)
     get_method("ssd-pipeline")(pair, [1, 2], cfg, torch.Generator())
     assert pipeline_for(pair, cfg) is pipeline and pipeline.process.is_alive()
-    assert pipeline.drafter["cores"] == [int(DRAFTER)] and pipeline.drafter["threads"] == 1
+    assert pipeline.drafter.cores == [int(DRAFTER)] and pipeline.drafter.threads == 1
     close_pipelines()
     assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
 
@@ -376,7 +376,7 @@ def test_torchrun_ranks_serve_the_same_tokens(monkeypatch):
         pair = load_pair("tiny")
         cfg = SSDConfig(k=3, max_new_tokens=20, budget=4)
         with Pipeline(pair, verifier_cores=VERIFIER, drafter_cores=DRAFTER, load_timeout_s=60) as pipeline:
-            assert pipeline.process is None and pipeline.drafter["pid"] == drafter.pid
+            assert pipeline.process is None and pipeline.drafter.pid == drafter.pid
             tokens, _ = pipeline.generate([1, 2, 3], cfg, torch.Generator())
         assert tokens == generate_ar(pair, [1, 2, 3], cfg, torch.Generator())[0]
         assert drafter.wait(timeout=20) == 0  # told to stop when rank 0 closed

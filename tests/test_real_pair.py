@@ -60,9 +60,9 @@ def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
 @pytest.mark.parametrize(
     "options",
     [
-        dict(budget=4, fan_out="uniform", saguaro_c=1.0, backup="jit"),
-        dict(budget=16, fan_out="geometric", saguaro_c=0.7, backup="fast"),
-        dict(budget=64, fan_out="calibrated", saguaro_c=0.0, backup="jit"),
+        dict(budget=4, fan_out_strategy="uniform", saguaro_c=1.0, backup="jit"),
+        dict(budget=16, fan_out_strategy="geometric", saguaro_c=0.7, backup="fast"),
+        dict(budget=64, fan_out_strategy="calibrated", saguaro_c=0.0, backup="jit"),
     ],
     ids=["uniform-4", "geometric-16-fast", "calibrated-64-c0"],
 )
@@ -79,7 +79,7 @@ def test_greedy_pipeline_is_token_identical_to_the_target(pair, prompts):
 
     ids = prompts[0]
     reference, _ = generate_ar(pair, ids, DecodeConfig(max_new_tokens=16), torch.Generator().manual_seed(0))
-    config = PipelineConfig(k=4, max_new_tokens=16, budget=4, fan_out="calibrated", a_p=0.85, r=1.2)
+    config = PipelineConfig(k=4, max_new_tokens=16, budget=4, fan_out_strategy="calibrated", a_p=0.85, r=1.2)
     try:
         tokens, trace = generate_ssd_pipeline(pair, ids, config, torch.Generator().manual_seed(0))
     finally:

@@ -35,7 +35,7 @@ def test_the_pair_runs_at_the_precisions_asked(pair):
 
 
 def test_every_greedy_difference_from_ar_is_at_a_near_tie(pair):
-    config = SSDConfig(k=4, max_new_tokens=24, budget=4, fan_out="calibrated", a_p=0.85, r=1.2)
+    config = SSDConfig(k=4, max_new_tokens=24, budget=4, fan_out_strategy="calibrated", a_p=0.85, r=1.2)
     frame = greedy_identical(pair, load_prompts("humaneval[0:6]") + load_prompts("prose[0:2]"), ["sd", "ssd"], config,
                              progress=False)
     differ = frame[~frame.identical_to_target]

@@ -5,13 +5,15 @@ import pandas as pd
 import pytest
 import torch
 
-import ssd.decoding
+import ssd.proposers
 import ssd.ssd
-from ssd.cache import Speculation, SpeculationCache
-from ssd.decoding import CachedModel, draft_tokens, generate_ar
+from ssd.cache import SpeculationCache
+from ssd.decoding import generate_ar
 from ssd.models import tiny_pair
+from ssd.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
 from ssd.sampling import uniforms
-from ssd.ssd import SSDConfig, counterfactual_hits, draft_tree, generate_ssd, ngram_proposal
+from ssd.ssd import SSDConfig, Speculator, counterfactual_hits, generate_ssd
+from ssd.verify import Verdict
 
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
@@ -26,21 +28,37 @@ def run(method, pair, prompt, seed=0, **config):
 
 
 def test_tree_drafting_equals_drafting_each_branch_alone(pair):
+    """Pre-speculation drafts every branch in one tree: each cached draft must be what the draft model drafts
+    alone after that outcome, with the same uniforms."""
     prompt, K = [3, 1, 4, 1, 5], 3
-    main = CachedModel(pair.draft)
-    chain, _, _ = draft_tokens(main, prompt, uniforms(K, torch.Generator()), 0.0)
-    main.logits(prompt + chain, keep=1)  # the glue: the cache now covers prompt + chain
-    outcomes = [(0, 7), (1, 2), (1, 9), (3, 11)]
-    config = SSDConfig(k=K, temperature=1.0)
+    speculator = Speculator(pair.draft, prompt, SSDConfig(k=K, temperature=1.0, budget=6), pair.vocab_size)
+    speculator.model.prefill(prompt)
+    draft = speculator.propose(K, uniforms(K, torch.Generator()))
     u = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
-    branches = draft_tree(main, len(prompt), outcomes, u, config, [0] * (K + 1))
-    assert main.length == len(prompt) + K  # the tree was cropped away
-    for (k, t), branch in zip(outcomes, branches):
-        alone = CachedModel(pair.draft)
-        tokens, q_rows, logit_rows = draft_tokens(alone, prompt + chain[:k] + [t], u, 1.0)
-        assert branch.tokens == tokens
-        torch.testing.assert_close(branch.logits, torch.stack(logit_rows), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(branch.q, torch.stack(q_rows), atol=1e-5, rtol=1e-4)
+    speculator.prespeculate(u)
+    assert speculator.model.length == len(prompt) + K  # the tree was cropped away
+    assert len(speculator.cache) == 6
+    for (k, t), branch in speculator.cache.entries.items():
+        alone = DraftModelProposer(pair.draft, prompt + draft.tokens[:k] + [t], temperature=1.0).propose(K, u)
+        assert branch.tokens == alone.tokens and branch.source == "cache"
+        torch.testing.assert_close(branch.logits, alone.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(branch.q, alone.q, atol=1e-5, rtol=1e-4)
+
+
+def test_proposers_commit_what_the_verdict_accepted(pair):
+    """observe keeps each proposer's context the committed tokens, and the draft model's cache a prefix of them."""
+    prompt = [1, 2, 3, 1, 2]
+    model = DraftModelProposer(pair.draft, prompt, temperature=0.0)
+    draft = model.propose(3, uniforms(3, torch.Generator()))
+    assert model.model.length == len(prompt) + 2  # the last drafted token is never fed
+    model.observe(draft, Verdict(accepted=1, token=9, draft_len=3))
+    assert model.tokens == prompt + draft.tokens[:1] + [9] and model.model.length == len(prompt) + 1
+    ngram = NgramProposer(prompt, pair.vocab_size, max_n=2)
+    lookup = ngram.propose(2, uniforms(2, torch.Generator()))
+    assert lookup.tokens == [3, 1] and lookup.logits is None and lookup.q.sum(-1).tolist() == [1.0, 1.0]
+    ngram.observe(lookup, Verdict(accepted=2, token=2, draft_len=2))
+    assert ngram.tokens == prompt + [3, 1, 2]
+    assert lookup.truncated(1).tokens == [3] and lookup.truncated(1).q.shape == (1, pair.vocab_size)
 
 
 STRATEGIES = ["uniform", "geometric", "calibrated"]
@@ -53,7 +71,7 @@ def test_greedy_ssd_is_token_identical_to_the_target(pair, strategy, backup):
     for prompt in prompts:
         reference, _ = run(generate_ar, pair, prompt, max_new_tokens=30)
         for budget, c in itertools.product([0, 1, 4, 16, 64], [1.0, 0.7, 0.1, 0.0]):
-            tokens, trace = run(generate_ssd, pair, prompt, k=4, max_new_tokens=30, budget=budget, fan_out=strategy,
+            tokens, trace = run(generate_ssd, pair, prompt, k=4, max_new_tokens=30, budget=budget, fan_out_strategy=strategy,
                                 saguaro_c=c, backup=backup)
             assert tokens == reference, (budget, c)
             if budget == 0:
@@ -78,10 +96,10 @@ def test_hit_rate_rises_with_the_budget(pair):
 @pytest.mark.parametrize("strategy", ["uniform", "calibrated"])
 def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
     budgets = [0, 1, 3, 8, 20]
-    common = dict(k=3, temperature=0.8, max_new_tokens=50, fan_out=strategy, a_p=0.8, r=0.7)
+    common = dict(k=3, temperature=0.8, max_new_tokens=50, fan_out_strategy=strategy, a_p=0.8, r=0.7)
     # The curve of either strategy comes from a run with the other: the ranks do not depend on what was cached.
     other = "calibrated" if strategy == "uniform" else "uniform"
-    tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets), **(common | {"fan_out": other}))
+    tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets), **(common | {"fan_out_strategy": other}))
     predicted = counterfactual_hits(trace.to_frame(), budgets, k=3, strategy=strategy, a_p=0.8, r=0.7)
     for b in budgets:
         tokens_b, trace_b = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=b, **common)
@@ -96,9 +114,9 @@ def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
     "options",
     [
         dict(budget=6, saguaro_c=0.2, backup="jit"),
-        dict(budget=6, saguaro_c=0.0, backup="jit", fan_out="calibrated"),
+        dict(budget=6, saguaro_c=0.0, backup="jit", fan_out_strategy="calibrated"),
         dict(budget=3, saguaro_c=1.0, backup="fast"),
-        dict(budget=6, saguaro_c=0.5, backup="fast", fan_out="geometric"),
+        dict(budget=6, saguaro_c=0.5, backup="fast", fan_out_strategy="geometric"),
     ],
     ids=["saguaro-0.2", "saguaro-0-calibrated", "fast", "saguaro-0.5-fast"],
 )
@@ -108,12 +126,12 @@ def test_sampled_outputs_follow_the_target_distribution(options):
 
 def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(monkeypatch):
     """Saguaro's classic defect: the draft samples from one q and verification uses another."""
-    real = ssd.decoding.sample_from_uniform
+    real = ssd.proposers.sample_from_uniform
 
     def sharpened(q, u):
         return real(q**3, u)
 
-    monkeypatch.setattr(ssd.decoding, "sample_from_uniform", sharpened)
+    monkeypatch.setattr(ssd.proposers, "sample_from_uniform", sharpened)
     monkeypatch.setattr(ssd.ssd, "sample_from_uniform", sharpened)
     assert sampled_fit(dict(budget=6, saguaro_c=0.2, backup="jit")) < ALPHA
 
@@ -154,7 +172,7 @@ def test_ngram_proposal_copies_what_followed_the_last_match():
 
 def test_cache_counts_hits_and_misses():
     cache = SpeculationCache()
-    spec = Speculation([1], torch.ones(1, 2) / 2, None, [1, 1])
+    spec = Draft([1], torch.ones(1, 2) / 2, None, (1, 1))
     cache.fill({(0, 1): spec})
     assert cache.lookup((0, 1)) is spec and cache.lookup((1, 1)) is None
     assert (cache.hits, cache.misses, cache.hit_rate, len(cache)) == (1, 1, 0.5, 1)
@@ -166,7 +184,7 @@ def test_cache_counts_hits_and_misses():
         (dict(budget=-1), "budget \\(B, the number of cached outcomes\\) must be an integer >= 0"),
         (dict(saguaro_c=1.5), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
         (dict(saguaro_c=-0.1), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
-        (dict(fan_out="zipf"), "fan_out must be one of uniform, geometric, calibrated"),
+        (dict(fan_out_strategy="zipf"), "fan_out_strategy must be one of uniform, geometric, calibrated"),
         (dict(backup="slow"), "backup must be one of jit, fast"),
     ],
 )

@@ -18,17 +18,18 @@ def dist(*values):
 # ---- hand-built cases --------------------------------------------------------------------------------------------
 
 
-def test_no_draft_samples_the_bonus_from_p():
+def test_no_draft_samples_the_target_token_from_p():
     p = dist(0.2, 0.5, 0.3)[None]
     v = verify(torch.tensor([], dtype=torch.long), p[:0], p, torch.tensor([]), 0.25)
-    assert (v.accepted, v.token, v.bonus) == (0, 1, True)  # cdf 0.2, 0.7: u=0.25 falls on token 1
+    # cdf 0.2, 0.7: u=0.25 falls on token 1; with nothing drafted it is a plain target token, as in AR
+    assert (v.accepted, v.token, v.role) == (0, 1, "target")
 
 
 def test_all_accepted_when_draft_equals_target_then_bonus():
     q = dist(0.1, 0.6, 0.3).repeat(3, 1)
     p = torch.cat([q, dist(0.0, 0.0, 1.0)[None]])
     v = verify(torch.tensor([1, 0, 2]), q, p, torch.tensor([0.999, 0.999, 0.999]), 0.5)
-    assert (v.accepted, v.token, v.bonus) == (3, 2, True)
+    assert (v.accepted, v.token, v.role) == (3, 2, "bonus")
 
 
 def test_acceptance_threshold_is_p_over_q():
@@ -37,7 +38,7 @@ def test_acceptance_threshold_is_p_over_q():
     bonus_u = 0.0
     assert verify(torch.tensor([0]), q, p, torch.tensor([0.49]), bonus_u).accepted == 1
     rejected = verify(torch.tensor([0]), q, p, torch.tensor([0.5]), bonus_u)
-    assert rejected.accepted == 0 and not rejected.bonus
+    assert rejected.accepted == 0 and rejected.role == "recovered"
     assert rejected.token == 1  # residual max(p - q, 0) = (0, 0.4): all mass on token 1
 
 
