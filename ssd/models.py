@@ -29,9 +29,10 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+from .devices import resolve_device
 from .files import cache_dir
-from .precision import (AUTO_K, Precisions, candidates, capability, check_precision, choose, convert, decision_path,
-                        fixed, load_decision, save_decision, supported)
+from .precision import (AUTO_K, Precisions, accelerator_auto, candidates, capability, check_precision,
+                        check_supported, choose, convert, decision_path, fixed, load_decision, save_decision)
 from .profile import forward_ms
 
 DEFAULT_PAIR = "qwen2.5-coder"
@@ -135,8 +136,10 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers) or auto, the precision
     that makes speculation pay on this machine (ssd.precision; tiny pairs, the tests' exact reference, stay float32).
-    pair.precisions records what was chosen and why.
+    pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N
+    or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
     """
+    device = resolve_device(device)
     precisions = _precisions(name, target_dtype, draft_dtype, device, progress)
     if name in PAIRS:
         pair = _load_registered(name, PAIRS[name], precisions, device, progress)
@@ -154,6 +157,7 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
 def load_draft(name: str, *, precision="float32", device="cpu", progress=True) -> transformers.PreTrainedModel:
     """The draft model load_pair(name) would load, alone, at a given precision (or auto): what a drafter on its own
     device needs."""
+    device = resolve_device(device)
     precision = check_precision(precision, "draft_dtype")
     if precision == "auto":  # decided on this machine (a drafter on another host decides for its own)
         precision = _precisions(name, "auto", "auto", device, progress).draft
@@ -182,16 +186,15 @@ def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Preci
     asked = {"target": check_precision(target_dtype, "target_dtype"),
              "draft": check_precision(draft_dtype, "draft_dtype")}
     for role, precision in asked.items():
-        if precision != "auto" and not supported(precision, device):
-            raise ValueError(f"{role}_dtype={precision} is not supported on {device}: int8 runs on CPUs only "
-                             "(torch's dynamic quantization); use bfloat16 or float16 there")
+        if precision != "auto":
+            check_supported(precision, device, f"{role}_dtype")
     cap = capability()
     if "auto" not in asked.values():
         return fixed(asked["target"], asked["draft"], cap)
     if name == TINY_PAIR:
         auto = fixed("float32", "float32", cap, why="auto on a tiny random pair (the tests' exact reference)")
     else:
-        auto = _auto(name, device, cap, progress)
+        auto = accelerator_auto(device, cap) or _auto(name, device, cap, progress)  # a GPU: no CPU timing
     if asked["target"] == asked["draft"] == "auto":
         return auto
     chosen = {role: auto.target if role == "target" else auto.draft for role in asked}
