@@ -98,22 +98,22 @@ def ngram_proposal(tokens: list[int], k: int, max_n: int) -> list[int]:
     return [tokens[-1]] * k
 
 
-def fast_backup(tokens: list[int], config: SSDConfig, vocab_size: int, f: list[int]) -> Speculation:
-    """A near-free proposer; as a deterministic proposal its q is one-hot."""
+def fast_backup(tokens: list[int], config: SSDConfig, vocab_size: int, f: list[int], device=None) -> Speculation:
+    """A near-free proposer; as a deterministic proposal its q is one-hot (made where verify will read it)."""
     proposal = ngram_proposal(tokens, config.k, config.ngram)
-    return Speculation(proposal, one_hot(proposal, vocab_size), None, f)
+    return Speculation(proposal, one_hot(proposal, vocab_size, device), None, f)
 
 
 def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
     """Additive [1, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches.
 
     Branch b sees the prefix columns prefix_visible[b] marks and its own nodes of depths 0..depth; tree columns are
-    laid out depth by depth, N per depth.
+    laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's dtype.
     """
-    n = prefix_visible.shape[0]
-    own = torch.eye(n, dtype=torch.bool).repeat(1, depth + 1)
+    n, device = prefix_visible.shape[0], prefix_visible.device
+    own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)
     visible = torch.cat([prefix_visible, own], dim=1)
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
 
 
@@ -124,28 +124,29 @@ def draft_tree(draft: CachedModel, prefix_len: int, outcomes, u: torch.Tensor, c
     The draft's cache holds prefix + x_1..x_K. Branch (k, t) continues prefix + x_1..x_k + t, so its nodes see the
     prefix and the first k chain tokens, then their own earlier nodes. Returns one Speculation per outcome.
     """
-    model, base = draft.model, draft.length
-    ks = torch.tensor([k for k, _ in outcomes])
-    feed = torch.tensor([t for _, t in outcomes])
-    prefix_visible = torch.arange(base)[None, :] < (prefix_len + ks)[:, None]
+    model, base, device = draft.model, draft.length, draft.device
+    # Made on the draft's device once: only the uniforms come in per depth, the tokens go out once at the end.
+    ks = torch.tensor([k for k, _ in outcomes], device=device)
+    feed = torch.tensor([t for _, t in outcomes], device=device)
+    prefix_visible = torch.arange(base, device=device)[None, :] < (prefix_len + ks)[:, None]
     tokens, q_rows, logit_rows = [], [], []
     for depth in range(config.k):
         out = model(
-            input_ids=feed[None].to(draft.device),
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype).to(draft.device),
-            position_ids=(prefix_len + ks + depth)[None].to(draft.device),
+            input_ids=feed[None].to(device),  # a no-op, but on MPS, which samples on the CPU (ssd.sampling)
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype),
+            position_ids=(prefix_len + ks + depth)[None],
             cache=draft.cache,
             use_cache=True,
         )
         logits = out.logits[0].float()  # [N, V]
         q = saguaro_q(logits, config.temperature, f[depth], config.saguaro_c)
-        feed = sample_from_uniform(q, u[depth].expand(len(outcomes))).cpu()
+        feed = sample_from_uniform(q, u[depth].expand(len(outcomes)))
         tokens.append(feed)
         q_rows.append(q)
         logit_rows.append(logits)
     draft.rollback(base)
-    tokens, q_rows, logit_rows = torch.stack(tokens, 1), torch.stack(q_rows, 1), torch.stack(logit_rows, 1)
-    return [Speculation(tokens[i].tolist(), q_rows[i], logit_rows[i], f) for i in range(len(outcomes))]
+    tokens, q_rows, logit_rows = torch.stack(tokens, 1).tolist(), torch.stack(q_rows, 1), torch.stack(logit_rows, 1)
+    return [Speculation(tokens[i], q_rows[i], logit_rows[i], f) for i in range(len(outcomes))]
 
 
 def prespeculate(draft: CachedModel, tokens: list[int], block: Speculation, u: torch.Tensor, config: SSDConfig,
@@ -205,7 +206,7 @@ class Speculator:
 
     def backup(self, u_draft: torch.Tensor, f: list[int]) -> Speculation:
         if self.config.backup == "fast":
-            return fast_backup(self.tokens, self.config, self.vocab_size, f)
+            return fast_backup(self.tokens, self.config, self.vocab_size, f, self.draft.device)
         return jit_backup(self.draft, self.tokens, u_draft, self.config, f)
 
     def prespeculate(self, block: Speculation, u_draft: torch.Tensor, f_next: list[int]) -> None:
