@@ -25,9 +25,10 @@ def run(method, pair, prompt, seed=0, **config):
     return method(pair, prompt, SSDConfig(**config), torch.Generator().manual_seed(seed))
 
 
-def test_tree_drafting_equals_drafting_each_branch_alone(pair):
+def tree_and_alone(draft_model):
+    """Four branches drafted as one tree, and each drafted alone: [(tree's Speculation, alone's draft_tokens)]."""
     prompt, K = [3, 1, 4, 1, 5], 3
-    main = CachedModel(pair.draft)
+    main = CachedModel(draft_model)
     chain, _, _ = draft_tokens(main, prompt, uniforms(K, torch.Generator()), 0.0)
     main.logits(prompt + chain, keep=1)  # the glue: the cache now covers prompt + chain
     outcomes = [(0, 7), (1, 2), (1, 9), (3, 11)]
@@ -35,12 +36,19 @@ def test_tree_drafting_equals_drafting_each_branch_alone(pair):
     u = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
     branches = draft_tree(main, len(prompt), outcomes, u, config, [0] * (K + 1))
     assert main.length == len(prompt) + K  # the tree was cropped away
-    for (k, t), branch in zip(outcomes, branches):
-        alone = CachedModel(pair.draft)
-        tokens, q_rows, logit_rows = draft_tokens(alone, prompt + chain[:k] + [t], u, 1.0)
+    return [(branch, draft_tokens(CachedModel(draft_model), prompt + chain[:k] + [t], u, 1.0))
+            for (k, t), branch in zip(outcomes, branches)]
+
+
+def assert_tree_drafting_equals_each_branch_alone(draft_model):
+    for branch, (tokens, q_rows, logit_rows) in tree_and_alone(draft_model):
         assert branch.tokens == tokens
         torch.testing.assert_close(branch.logits, torch.stack(logit_rows), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(branch.q, torch.stack(q_rows), atol=1e-5, rtol=1e-4)
+
+
+def test_tree_drafting_equals_drafting_each_branch_alone(pair):
+    assert_tree_drafting_equals_each_branch_alone(pair.draft)
 
 
 STRATEGIES = ["uniform", "geometric", "calibrated"]
