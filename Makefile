@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run bench sweep lab test clean
+.PHONY: install run bench sweep lab test gpu-check clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
+
+# On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
+# ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, within 8 minutes, into
+# data/gpu_check.json. Installs nothing beyond `make install`; without a GPU it stops at once.
+gpu-check: $(STAMP)
+	$(BIN)/python -m ssd gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

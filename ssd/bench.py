@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from .decoding import DecodeConfig, generate_ar
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
-from .precision import capability
+from .precision import capability, device_name
 from .methods import get_method
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
@@ -264,10 +264,12 @@ def load_rows(path: str) -> pd.DataFrame:
     return pd.DataFrame(result["rows"])
 
 
-def environment() -> dict:
+def environment(device="cpu") -> dict:
     import transformers
 
     return {
+        "device": str(device),
+        "device_name": device_name(device),  # the GPU's name ('NVIDIA H200'), or the CPU's model
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
         "processor": platform.processor() or None,

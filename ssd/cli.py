@@ -1,4 +1,4 @@
-"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,9 @@ import sys
 
 import torch
 
-from . import bench, course, experiments, profile, sweep
+from . import bench, course, experiments, gpu_check, profile, sweep
 from .cores import check_cores
+from .devices import drafter_device, resolve_device
 from .methods import METHODS, get_method, parse_methods
 from .files import cache_dir, write_csv, write_json
 from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
@@ -20,10 +21,11 @@ from .ssd import BACKUPS, SSDConfig
 from .transport import PipelineError, env_rank
 
 
-def add_pair_args(p: argparse.ArgumentParser) -> None:
+def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
     p.add_argument("--pair", default=DEFAULT_PAIR,
                    help=f"a named offline pair ({', '.join(PAIRS)}) or two hub ids 'DRAFT,TARGET' (default {DEFAULT_PAIR})")
-    p.add_argument("--device", default="cpu", help="torch device of both models (default cpu)")
+    p.add_argument("--device", default=device, help=f"device of both models: auto (CUDA, else MPS, else the CPU), "
+                   f"cpu, cuda, cuda:N or mps (default {device}); on a GPU auto precisions are bfloat16 (MPS: float16)")
     p.add_argument("--target-dtype", default="auto", help=f"{' | '.join(CHOICES)}: the target's precision; auto (the "
                    "default) times the candidates once on this machine and keeps the faster verify pass (float32 is "
                    "the exact reference)")
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="latency curves of the pair at its precisions on the ranks' cores, with the "
                         "memory floor; JSON and a figure")
-    add_pair_args(pr)
+    add_pair_args(pr, device="cpu")  # the profile is of CPU cores (and their memory floor)
     pr.add_argument("--verifier-cores", default="0", help="cores the target is timed on (default 0)")
     pr.add_argument("--drafter-cores", default="1", help="cores the draft is timed on (default 1)")
     pr.add_argument("--reps", type=int, default=5, help="timed forwards per point, after a warm-up (median; default 5)")
@@ -102,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
+
+    g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests and a short bench in float32 and "
+                       "bfloat16, within 8 minutes, into data/gpu_check.json; without a GPU it stops at once")
+    g.add_argument("--json", default=gpu_check.OUT, help=f"where the result goes (default {gpu_check.OUT})")
+    g.add_argument("--budget-s", type=float, default=gpu_check.BUDGET_S, help="the whole check's time limit in "
+                   f"seconds (default {gpu_check.BUDGET_S:.0f}); a step that would not fit is skipped and said")
     return parser
 
 
@@ -143,6 +151,8 @@ def cmd_generate(args) -> None:
 
 def cmd_bench(args) -> None:
     methods = parse_methods(args.methods)
+    if "ssd-pipeline" in methods and env_rank() is None:  # one GPU: say so before minutes of loading
+        drafter_device(resolve_device(args.device), spawned=True)
     prompts = load_prompts(args.prompts)
     if args.first_turns:
         prompts = first_turns(prompts)
@@ -151,7 +161,7 @@ def cmd_bench(args) -> None:
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
         latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies)
-    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(),
+    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))
     print()
@@ -237,11 +247,15 @@ def cmd_models(args) -> None:
     print(f"weight cache: {cache_dir()}")
 
 
+def cmd_gpu_check(args) -> int:
+    return gpu_check.run(args.json, budget_s=args.budget_s)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "sweep": cmd_sweep,
-                    "course": cmd_course, "profile": cmd_profile, "models": cmd_models}
+                    "course": cmd_course, "profile": cmd_profile, "models": cmd_models, "gpu-check": cmd_gpu_check}
         return commands[args.command](args) or 0
     except (ValueError, ModelLoadError) as e:  # bad input, or a model that cannot be had: one clear line
         print(f"error: {e}", file=sys.stderr)
@@ -271,7 +285,11 @@ def torchrun_main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if not hasattr(args, "drafter_cores"):  # a command that decodes nothing (models): rank 1 has nothing to serve
         return main(argv) if rank == 0 else 0
-    device = torch.device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if rank == 1:

@@ -46,7 +46,7 @@ def exact_target_distribution(pair, prompt, n_new, temperature):
     continuations = torch.tensor(list(itertools.product(range(V), repeat=n_new)))
     ids = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], dim=1)
     with torch.inference_mode():
-        logits = pair.target(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+        logits = pair.target(input_ids=ids.to(pair.target.device)).logits[:, len(prompt) - 1 : -1].float().cpu()
     logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, continuations[..., None]).squeeze(-1)
     return logp.sum(-1).exp()
 

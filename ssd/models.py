@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .devices import resolve_device
 from .files import cache_dir
 from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
                          transformers_bars)
 from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
                    ready)
-from .precision import (AUTO_K, Precisions, candidates, capability, check_precision, choose, convert, decision_path,
-                        fixed, load_decision, save_decision, supported)
+from .precision import (AUTO_K, Precisions, accelerator_auto, candidates, capability, check_precision,
+                        check_supported, choose, convert, decision_path, fixed, load_decision, save_decision)
 from .profile import forward_ms
 from .tiny import TINY_PAIR, ToyTokenizer, tiny_pair  # noqa: F401  (load_pair("tiny"); and for users of ssd.models)
 
@@ -43,8 +44,10 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers) or auto, the precision
     that makes speculation pay on this machine (ssd.precision; tiny pairs, the tests' exact reference, stay float32).
-    pair.precisions records what was chosen and why.
+    pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N
+    or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
     """
+    device = resolve_device(device)
     precisions = _precisions(name, target_dtype, draft_dtype, device, progress)
     if name in PAIRS:
         pair = _load_registered(name, PAIRS[name], precisions, device, progress)
@@ -62,6 +65,7 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
 def load_draft(name: str, *, precision="float32", device="cpu", progress=True) :
     """The draft model load_pair(name) would load, alone, at a given precision (or auto): what a drafter on its own
     device needs."""
+    device = resolve_device(device)
     precision = check_precision(precision, "draft_dtype")
     if precision == "auto":  # decided on this machine (a drafter on another host decides for its own)
         precision = _precisions(name, "auto", "auto", device, progress).draft
@@ -90,16 +94,15 @@ def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Preci
     asked = {"target": check_precision(target_dtype, "target_dtype"),
              "draft": check_precision(draft_dtype, "draft_dtype")}
     for role, precision in asked.items():
-        if precision != "auto" and not supported(precision, device):
-            raise ValueError(f"{role}_dtype={precision} is not supported on {device}: int8 runs on CPUs only "
-                             "(torch's dynamic quantization); use bfloat16 or float16 there")
+        if precision != "auto":
+            check_supported(precision, device, f"{role}_dtype")
     cap = capability()
     if "auto" not in asked.values():
         return fixed(asked["target"], asked["draft"], cap)
     if name == TINY_PAIR:
         auto = fixed("float32", "float32", cap, why="auto on a tiny random pair (the tests' exact reference)")
     else:
-        auto = _auto(name, device, cap, progress)
+        auto = accelerator_auto(device, cap) or _auto(name, device, cap, progress)  # a GPU: no CPU timing
     if asked["target"] == asked["draft"] == "auto":
         return auto
     chosen = {role: auto.target if role == "target" else auto.draft for role in asked}

@@ -44,6 +44,7 @@ import torch.multiprocessing as mp
 
 from .cores import available_cores, check_cores, parse_cores, pin, pinned
 from .decoding import Verifier, check_prompt
+from .devices import drafter_device, resolve_device
 from .models import check_pair_name, load_draft
 from .precision import convert, precision_of
 from .protocol import Ready, Stop, serve, verify_rounds
@@ -176,9 +177,9 @@ class Pipeline:
             raise PipelineError("torch.distributed's default process group is in use in this process (another "
                                 "Pipeline?); close it first, e.g. with ssd.pipeline.close_pipelines()")
         self.device = pair.target.device
-        if draft_device is None:
-            draft_device = f"cuda:{(self.device.index or 0) + 1}" if self.device.type == "cuda" else "cpu"
-        draft_device = torch.device(draft_device)
+        if draft_device is None:  # the next GPU (one GPU: a ValueError saying the pipeline needs a second), or the CPU
+            draft_device = drafter_device(self.device, spawned=rank is None)
+        draft_device = resolve_device(draft_device, "draft_device") if rank is None else torch.device(draft_device)
         backend = "nccl" if self.device.type == "cuda" and draft_device.type == "cuda" else "gloo"
         self.process = self.store = self.channel = None
         # A drafter spawned on this machine's CPU is idle during the prompt's pass: that pass takes both ranks' cores.

@@ -87,6 +87,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_name(device) -> str:
+    """'NVIDIA H200', 'Apple MPS' or the CPU's model: what a measurement says it ran on."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "Apple MPS" if device.type == "mps" else cpu_model()
+
+
 def capability() -> dict:
     """What this CPU offers: torch's vector ISA, the recorded flags, and the native reduced precisions."""
     flags = cpu_flags()
@@ -109,12 +117,53 @@ def capability_line(cap: dict | None = None) -> str:
 
 
 def supported(precision: str, device) -> bool:
+    return unsupported_reason(precision, device) is None
+
+
+def unsupported_reason(precision: str, device) -> str | None:
+    """Why a precision cannot run on a device (None: it can). float32 runs everywhere; bfloat16 and float16 run on
+    any CPU, if slowly where not native."""
     device = torch.device(device)
-    if precision == "int8":
-        return device.type == "cpu"
-    if device.type == "cuda" and precision == "bfloat16":
-        return torch.cuda.is_bf16_supported()
-    return True  # float32 everywhere; bfloat16 / float16 run on any CPU, if slowly where not native
+    if precision == "int8" and device.type != "cpu":
+        return "int8 runs on CPUs only (torch's dynamic quantization); use bfloat16 or float16 there"
+    if precision == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bfloat16 arithmetic (before Ampere); use float16 or float32"
+    if precision == "bfloat16" and device.type == "mps" and not _mps_bfloat16():
+        return "MPS has bfloat16 from macOS 14 on; use float16 or float32"
+    return None
+
+
+def check_supported(precision: str, device, parameter: str) -> None:
+    """A ValueError naming the parameter where the precision cannot run on the device."""
+    reason = unsupported_reason(precision, device)
+    if reason:
+        raise ValueError(f"{parameter}={precision} is not supported on {device}: {reason}")
+
+
+def _mps_bfloat16() -> bool:
+    try:
+        torch.ones(1, dtype=torch.bfloat16, device="mps")
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def accelerator_precision(device) -> str | None:
+    """What auto runs both models at on a GPU: bfloat16 on CUDA where the GPU has it (else float16), float16 on MPS
+    (its bfloat16 needs macOS 14); None on a CPU, where auto measures instead. A GPU verifies K + 1 tokens in about
+    one step at any of these precisions, so no timing is needed to decide."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float16" if device.type == "mps" else None
+
+
+def accelerator_auto(device, cap: dict) -> Precisions | None:
+    """auto's decision on a GPU (accelerator_precision for both models), or None on a CPU."""
+    chosen = accelerator_precision(device)
+    if chosen is None:
+        return None
+    return fixed(chosen, chosen, cap, why=f"auto on {device} ({device_name(device)}; the GPU default, no timing)")
 
 
 # ---- converting a model --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from .cores import check_cores, pinned
+from .devices import synchronize
 from .files import atomic_path, cache_dir
 from .precision import RULE, capability, weight_bytes
 from .theory import sd_speedup
@@ -39,11 +40,6 @@ BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any ca
 
 
 # ---- timing one forward --------------------------------------------------------------------------------------------
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def branch_mask(context: int, rows: int, dtype) -> torch.Tensor:
@@ -74,10 +70,10 @@ def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: b
         for n in sizes:
             extra = dict(attention_mask=branch_mask(context, n, dtype).to(device),
                          position_ids=torch.full((1, n), context, device=device)) if branches else {}
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n, **extra)
-            _sync(device)
+            synchronize(device)
             if rep:
                 times[n].append(time.perf_counter() - start)
             cache.crop(-n)

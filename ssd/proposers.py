@@ -103,12 +103,12 @@ def ngram_proposal(tokens: list[int], k: int, max_n: int) -> list[int]:
 
 class NgramProposer(Proposer):
     """A near-free proposer: an n-gram lookup in the context. As a deterministic proposal its q is one-hot, so
-    verifying it stays lossless; it has no logits."""
+    verifying it stays lossless; it has no logits. device: where the q rows are made (where verify reads them)."""
 
-    def __init__(self, prompt_ids: list[int], vocab_size: int, max_n: int = 3):
+    def __init__(self, prompt_ids: list[int], vocab_size: int, max_n: int = 3, device=None):
         super().__init__(prompt_ids)
-        self.vocab_size, self.max_n = vocab_size, max_n
+        self.vocab_size, self.max_n, self.device = vocab_size, max_n, device
 
     def propose(self, k: int, u: torch.Tensor) -> Draft:
         proposal = ngram_proposal(self.tokens, k, self.max_n)
-        return Draft(proposal, one_hot(proposal, self.vocab_size), None, source="ngram")  # q: [k, V]
+        return Draft(proposal, one_hot(proposal, self.vocab_size, self.device), None, source="ngram")  # q: [k, V]

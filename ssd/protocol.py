@@ -152,7 +152,7 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
     while not done:
         _, u_verify = round_uniforms(generator, config.k, len(message.tokens))  # the draft uniforms: rank 1's share
         with watch("verify_s"):
-            q = one_hot(message.tokens, vocab_size) if q is None else q  # [k, V]
+            q = one_hot(message.tokens, vocab_size, verifier.target.device) if q is None else q  # [k, V]
             checked = verifier.check(Draft(message.tokens, q, None, message.fan_out), u_verify)
         done = checked.done
         with watch("wait_s"):  # idle until the next draft: max(0, prespec - verify) after a hit, more after a miss

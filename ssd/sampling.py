@@ -3,6 +3,9 @@
 Every draw in the kit is a uniform number in [0, 1) turned into a token by the inverse CDF. The uniforms come from an
 explicit CPU ``torch.Generator``: the same seed gives the same tokens on any device, and the functions that consume
 them (``sample_from_uniform``, ``ssd.verify.verify``) stay pure and testable with hand-picked numbers.
+
+Sampling compares cumulative sums in float64, so a u near a boundary falls the same way everywhere. Apple's MPS has
+no float64: there the distribution is sampled on the CPU (``float64_device``), one row of V floats per draw.
 """
 from __future__ import annotations
 
@@ -34,11 +37,17 @@ def uniforms(n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.rand(n, generator=generator, dtype=torch.float64)
 
 
+def float64_device(t: torch.Tensor) -> torch.Tensor:
+    """t where float64 arithmetic runs: where it is, or the CPU for MPS (which has no float64)."""
+    return t.cpu() if t.device.type == "mps" else t
+
+
 def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
     """Inverse-CDF sampling: the first token whose cumulative mass exceeds u * total.
 
     probs: [..., V] non-negative (need not sum to 1); u: [...] in [0, 1). Tokens of zero mass are never returned.
     """
+    probs = float64_device(probs)
     cdf = probs.double().cumsum(-1)
     u = torch.as_tensor(u, dtype=torch.float64, device=probs.device)
     x = (u * cdf[..., -1]).unsqueeze(-1)
@@ -64,9 +73,10 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
 
-def one_hot(tokens: torch.Tensor | list[int], vocab_size: int) -> torch.Tensor:
-    """q for a deterministic proposal: all mass on the proposed token, which keeps rejection sampling lossless."""
-    tokens = torch.as_tensor(tokens, dtype=torch.long)
+def one_hot(tokens: torch.Tensor | list[int], vocab_size: int, device=None) -> torch.Tensor:
+    """q for a deterministic proposal: all mass on the proposed token, which keeps rejection sampling lossless.
+    Made on `device` (default: the CPU, or where tokens are), where verify reads it."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
     return torch.nn.functional.one_hot(tokens, vocab_size).float()
 
 

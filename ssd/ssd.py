@@ -98,12 +98,12 @@ def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
     """Additive [1, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches.
 
     Branch b sees the prefix columns prefix_visible[b] ([N, base]) marks and its own nodes of depths 0..depth; tree
-    columns are laid out depth by depth, N per depth.
+    columns are laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's dtype.
     """
-    n = prefix_visible.shape[0]
-    own = torch.eye(n, dtype=torch.bool).repeat(1, depth + 1)  # [N, (depth + 1) N]
+    n, device = prefix_visible.shape[0], prefix_visible.device
+    own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)  # [N, (depth + 1) N]
     visible = torch.cat([prefix_visible, own], dim=1)  # [N, base + (depth + 1) N]
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
 
 
@@ -116,30 +116,30 @@ def draft_tree(draft: CachedModel, prefix_len: int, outcomes, u: torch.Tensor, t
     nodes see the prefix and the first k chain tokens, then their own earlier nodes. Each branch is drawn with
     Saguaro's q for `fan_out` (the F_0..F_K of the round it drafts for). Returns one Draft per outcome.
     """
-    model, base = draft.model, draft.length
-    ks = torch.tensor([k for k, _ in outcomes])  # [N] accepted count of each branch's outcome
-    feed = torch.tensor([t for _, t in outcomes])  # [N] the tokens fed at this depth: t*, then each branch's draft
-    prefix_visible = torch.arange(base)[None, :] < (prefix_len + ks)[:, None]  # [N, base]
+    model, base, device = draft.model, draft.length, draft.device
+    # Made on the draft's device once: only the uniforms come in per depth, the tokens go out once at the end.
+    ks = torch.tensor([k for k, _ in outcomes], device=device)  # [N] accepted count of each branch's outcome
+    feed = torch.tensor([t for _, t in outcomes], device=device)  # [N] fed at this depth: t*, then each branch's draft
+    prefix_visible = torch.arange(base, device=device)[None, :] < (prefix_len + ks)[:, None]  # [N, base]
     tokens, q_rows, logit_rows = [], [], []
     for depth in range(len(u)):
         out = model(
-            input_ids=feed[None].to(draft.device),  # [1, N]
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype).to(draft.device),  # [1, 1, N, base + (depth + 1) N]
-            position_ids=(prefix_len + ks + depth)[None].to(draft.device),  # [1, N]
+            input_ids=feed[None].to(device),  # [1, N]; a no-op, but on MPS, which samples on the CPU (ssd.sampling)
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype),  # [1, 1, N, base + (depth + 1) N]
+            position_ids=(prefix_len + ks + depth)[None],  # [1, N]
             cache=draft.cache,
             use_cache=True,
         )
         logits = out.logits[0].float()  # [N, V]
         q = saguaro_q(logits, temperature, fan_out[depth], c)  # [N, V]
-        feed = sample_from_uniform(q, u[depth].expand(len(outcomes))).cpu()  # [N]
+        feed = sample_from_uniform(q, u[depth].expand(len(outcomes)))  # [N]
         tokens.append(feed)
         q_rows.append(q)
         logit_rows.append(logits)
     draft.rollback(base)
-    tokens = torch.stack(tokens, 1)  # [N, K]
+    tokens = torch.stack(tokens, 1).tolist()  # [N, K], read back once
     q_rows, logit_rows = torch.stack(q_rows, 1), torch.stack(logit_rows, 1)  # [N, K, V] each
-    return [Draft(tokens[i].tolist(), q_rows[i], logit_rows[i], tuple(fan_out), source="cache")
-            for i in range(len(outcomes))]
+    return [Draft(tokens[i], q_rows[i], logit_rows[i], tuple(fan_out), source="cache") for i in range(len(outcomes))]
 
 
 def branch_drafts(draft: CachedModel, tokens: list[int], block: Draft, u: torch.Tensor, temperature: float,
@@ -189,7 +189,8 @@ class Speculator(Proposer):
         super().__init__(prompt_ids)
         self.config = config
         self.drafter = SaguaroDrafter(draft_model, prompt_ids, config)
-        self.backup = self.drafter if config.backup == "jit" else NgramProposer(prompt_ids, vocab_size, config.ngram)
+        self.backup = (self.drafter if config.backup == "jit" else
+                       NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
         self.cache = SpeculationCache()
         self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if config.fan_out_strategy == "calibrated" else None
         self.f_next = self.next_fan_out()  # the F_0..F_K the drafts made now are for

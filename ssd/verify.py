@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import residual, sample_from_uniform
+from .sampling import float64_device, residual, sample_from_uniform
 
 # The roles of an output token: a drafted token the target accepted, or the target's own token t*, which is recovered
 # (from the residual at the first rejection), bonus (after all K were accepted) or, without a draft (AR), target.
@@ -64,9 +64,9 @@ def verify(
             f"accept_u {len(accept_u)}"
         )
     rows = torch.arange(K, device=p.device)
-    p_x, q_x = p[rows, draft_tokens].double(), q[rows, draft_tokens].double()
+    p_x, q_x = float64_device(p[rows, draft_tokens]).double(), float64_device(q[rows, draft_tokens]).double()
     # u < p/q written without the division: q_x > 0 for any token the draft could have proposed.
-    accepted_mask = torch.as_tensor(accept_u, dtype=torch.float64, device=p.device) * q_x < p_x
+    accepted_mask = torch.as_tensor(accept_u, dtype=torch.float64, device=p_x.device) * q_x < p_x
     rejected = (~accepted_mask).nonzero()
     k = int(rejected[0]) if len(rejected) else K
     dist = residual(p[k], q[k]) if k < K else p[K]

@@ -27,22 +27,32 @@ def run(method, pair, prompt, seed=0, **config):
     return method(pair, prompt, SSDConfig(**config), torch.Generator().manual_seed(seed))
 
 
-def test_tree_drafting_equals_drafting_each_branch_alone(pair):
-    """Pre-speculation drafts every branch in one tree: each cached draft must be what the draft model drafts
-    alone after that outcome, with the same uniforms."""
+def tree_and_alone(draft_model):
+    """Every branch of one pre-speculation tree beside the same draft drafted alone after its outcome, with the same
+    uniforms: [(the tree's Draft, the lone Draft)]."""
     prompt, K = [3, 1, 4, 1, 5], 3
-    speculator = Speculator(pair.draft, prompt, SSDConfig(k=K, temperature=1.0, budget=6), pair.vocab_size)
+    config = SSDConfig(k=K, temperature=1.0, budget=6)
+    speculator = Speculator(draft_model, prompt, config, draft_model.config.vocab_size)
     speculator.model.prefill(prompt)
     draft = speculator.propose(K, uniforms(K, torch.Generator()))
     u = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
     speculator.prespeculate(u)
     assert speculator.model.length == len(prompt) + K  # the tree was cropped away
-    assert len(speculator.cache) == 6
-    for (k, t), branch in speculator.cache.entries.items():
-        alone = DraftModelProposer(pair.draft, prompt + draft.tokens[:k] + [t], temperature=1.0).propose(K, u)
+    assert len(speculator.cache) == config.budget
+    return [(branch, DraftModelProposer(draft_model, prompt + draft.tokens[:k] + [t], temperature=1.0).propose(K, u))
+            for (k, t), branch in speculator.cache.entries.items()]
+
+
+def assert_tree_drafting_equals_each_branch_alone(draft_model):
+    for branch, alone in tree_and_alone(draft_model):
         assert branch.tokens == alone.tokens and branch.source == "cache"
         torch.testing.assert_close(branch.logits, alone.logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(branch.q, alone.q, atol=1e-5, rtol=1e-4)
+
+
+def test_tree_drafting_equals_drafting_each_branch_alone(pair):
+    """Pre-speculation drafts every branch in one tree: each cached draft must be what the draft model drafts alone."""
+    assert_tree_drafting_equals_each_branch_alone(pair.draft)
 
 
 def test_proposers_commit_what_the_verdict_accepted(pair):

@@ -1,0 +1,197 @@
+"""`make gpu-check` (`python -m ssd gpu-check`): the kit on a GPU, one prepared run of at most 8 minutes.
+
+1. Where this torch sees neither CUDA nor Apple's MPS it stops at once, before anything is loaded or written.
+2. The tests marked ``gpu`` (tests/test_gpu.py): greedy SD, SSD and the peers identical to AR in float32 on the
+   device, the bfloat16 near-tie rule, the tree mask against branch-by-branch drafting, Saguaro's output distribution,
+   and the pipeline across two GPUs where there are two.
+3. The offline pair's float32 weight cache, built if missing (its own step, so the benches' times are their own).
+4. A short bench, each in its own process: ar, hf-ar, sd, hf-sd and ssd (and ssd-pipeline with two GPUs) on 8
+   HumanEval prompts x 64 tokens, greedy, K = 4, in float32 (every output must be the target's), then at the GPU's
+   default precision (bfloat16; float16 where the GPU lacks it, and on MPS), where every difference from AR must sit
+   at a near-tie of the target's top two logits; skipped, and said, if it would not fit in what is left of the time.
+5. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
+   and time, the bench results, and the headline checks. The exit status is 0 only if every check held.
+
+It installs nothing: the README's set-up (`make install`) is all it needs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from .devices import accelerator, why_no_cuda
+from .files import write_json
+from .precision import accelerator_precision, device_name
+
+OUT = "data/gpu_check.json"
+BUDGET_S = 480.0  # the whole check, tests and benches together
+TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests" / "test_gpu.py"
+PAIR = "qwen2.5-coder"
+METHODS = ["ar", "hf-ar", "sd", "hf-sd", "ssd"]
+BENCH = ["--pair", PAIR, "--prompts", "humaneval:8", "--max-new-tokens", "64", "--temperature", "0", "-k", "4",
+         "--seed", "0"]
+TAIL = 20  # lines of a step's output kept in the record
+
+
+def no_gpu_message() -> str:
+    return (f"gpu-check: no GPU here: torch.cuda.is_available() is False ({why_no_cuda()}) and "
+            "torch.backends.mps.is_available() is False; run it on a machine with an NVIDIA GPU (or Apple Silicon) "
+            "after `make install`. Nothing was run or written.")
+
+
+def execute(command: list[str], timeout_s: float) -> dict:
+    """Run one step in its own process group; on timeout the whole group (a pipeline's drafter too) is killed."""
+    start = time.monotonic()
+    env = os.environ | {"TQDM_DISABLE": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=max(timeout_s, 1.0))
+        returncode, timed_out = process.returncode, False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        returncode, timed_out = None, True
+    return {"command": " ".join(command), "returncode": returncode, "timed_out": timed_out,
+            "seconds": round(time.monotonic() - start, 1), "output_tail": (output or "").splitlines()[-TAIL:]}
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+
+def bench_methods(device: torch.device, gpus: int) -> list[str]:
+    return METHODS + (["ssd-pipeline"] if device.type == "cuda" and gpus >= 2 else [])
+
+
+def bench_step(run, python: str, device, precision: str, methods: list[str], timeout_s: float) -> dict:
+    """One bench in its own process; the step's record with the bench's JSON under "result" (None if it failed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "bench.json"
+        command = [python, "-m", "ssd", "bench", "--device", str(device), "--methods", ",".join(methods), *BENCH,
+                   "--target-dtype", precision, "--draft-dtype", precision, "--json", str(path)]
+        step = run(command, timeout_s)
+        step["result"] = json.loads(path.read_text()) if step["returncode"] == 0 and path.is_file() else None
+    return step
+
+
+def verdicts(benches: dict) -> dict:
+    """The headline checks from the benches' rows: float32 identical to AR throughout, every reduced-precision
+    difference at a near-tie, and our SD over transformers' assisted generation at each precision."""
+    out = {"greedy_identical_float32": None, "near_ties_reduced": None, "differences_reduced": None,
+           "sd_over_hf_sd": {}}
+    for precision, step in benches.items():
+        result = step.get("result")
+        if not result:
+            continue
+        rows = result["rows"]
+        sd = next((s for s in result["summary"] if s["method"] == "sd"), {})
+        out["sd_over_hf_sd"][precision] = sd.get("speedup_vs_peer")
+        if precision == "float32":
+            out["greedy_identical_float32"] = all(r["identical_to_target"] for r in rows)
+        else:
+            differ = [r for r in rows if not r["identical_to_target"]]
+            out["differences_reduced"] = [{k: r.get(k) for k in ("prompt_id", "method", "first_difference",
+                                                                  "margin_at_difference", "near_tie")} for r in differ]
+            out["near_ties_reduced"] = all(r.get("near_tie") is True for r in differ)
+    return out
+
+
+def passed(record: dict) -> bool:
+    """Every check held: the gpu tests ran (some passed, none failed), the float32 bench gave the target's tokens
+    throughout, and the reduced-precision bench, unless skipped for time, differed only at near-ties."""
+    tests, benches = record["tests"], record["benches"]
+    ran = tests["returncode"] == 0 and " passed" in " ".join(tests.get("output_tail", [])[-1:])
+    reduced_ok = all(step.get("skipped") or (step.get("result") and record["near_ties_reduced"])
+                     for precision, step in benches.items() if precision != "float32")
+    return bool(ran and record["weights"]["returncode"] == 0 and benches["float32"].get("result")
+                and record["greedy_identical_float32"] and reduced_ok)
+
+
+def header(device: torch.device, gpus: int) -> dict:
+    import transformers
+
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": str(device),
+            "gpu": device_name(device), "gpus": gpus, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": transformers.__version__, "python": sys.version.split()[0]}
+
+
+def run(out: str = OUT, budget_s: float = BUDGET_S, *, device: torch.device | None = None, gpus: int | None = None,
+        step=execute, python: str = sys.executable, say=lambda line: print(f"gpu-check: {line}", file=sys.stderr,
+                                                                           flush=True)) -> int:
+    """The whole check; returns the exit status (0: every check held; 1: one failed; 2: no GPU here)."""
+    device = device or accelerator()
+    if device is None:
+        print(no_gpu_message(), file=sys.stderr)
+        return 2
+    gpus = torch.cuda.device_count() if gpus is None and device.type == "cuda" else gpus or 1
+    clock = Clock(budget_s)
+    record = header(device, gpus) | {"budget_s": budget_s}
+    say(f"{record['gpu']} ({gpus} device(s)), torch {record['torch']}; at most {budget_s:.0f} s")
+
+    if TESTS.is_file():
+        record["tests"] = step([python, "-m", "pytest", "-m", "gpu", str(TESTS), "-q", "-p", "no:cacheprovider"],
+                               min(TESTS_S, clock.left()))
+    else:
+        record["tests"] = {"returncode": None, "skipped": f"{TESTS} is not here (run from a clone of the kit)"}
+    say(f"gpu tests: {_outcome(record['tests'])}")
+
+    weights = ("from ssd.models import PAIRS, ensure_cached; "
+               f"[ensure_cached(s) for s in (PAIRS[{PAIR!r}].draft, PAIRS[{PAIR!r}].target)]")
+    record["weights"] = step([python, "-c", weights], clock.left())
+    say(f"weights of {PAIR}: {_outcome(record['weights'])}")
+
+    methods, benches = bench_methods(device, gpus), {}
+    for precision in ("float32", accelerator_precision(device) or "bfloat16"):
+        first = benches.get("float32", {})
+        needed = first.get("seconds", 0.0)  # the reduced precision's bench takes about as long as float32's
+        if benches and (not first.get("result") or needed > clock.left()):
+            why = ("the float32 bench failed" if not first.get("result") else
+                   f"it would not fit: float32's took {needed:.0f} s and {clock.left():.0f} s are left")
+            benches[precision] = {"skipped": why}
+        else:
+            benches[precision] = bench_step(step, python, device, precision, methods, clock.left())
+        say(f"bench in {precision} ({','.join(methods)}): {_outcome(benches[precision])}")
+    record["benches"] = benches
+    record.update(verdicts(benches))
+    record["elapsed_s"] = round(clock.elapsed(), 1)
+    record["passed"] = passed(record)
+    write_json(out, record)
+    say(f"{'passed' if record['passed'] else 'FAILED'}: float32 identical to AR {record['greedy_identical_float32']}, "
+        f"reduced-precision differences at near-ties {record['near_ties_reduced']}, sd over hf-sd "
+        f"{_ratios(record['sd_over_hf_sd'])}; {record['elapsed_s']:.0f} s; wrote {out}")
+    return 0 if record["passed"] else 1
+
+
+def _outcome(step: dict) -> str:
+    """'ok in 41 s: 6 passed in 12.3s', 'failed (exit 1) in 3 s: <its last line>', 'skipped (why)'."""
+    if step.get("skipped"):
+        return f"skipped ({step['skipped']})"
+    if step.get("timed_out"):
+        return f"timed out after {step['seconds']:.0f} s"
+    state = "ok" if step["returncode"] == 0 else f"failed (exit {step['returncode']})"
+    last = next((line.strip() for line in reversed(step.get("output_tail", [])) if line.strip()), "")
+    shown = step["returncode"] != 0 or " passed" in last or " skipped" in last  # a failure's cause; pytest's counts
+    return f"{state} in {step['seconds']:.0f} s" + (f": {last}" if last and shown else "")
+
+
+def _ratios(ratios: dict) -> str:
+    return ", ".join(f"{p} {r:.2f}" for p, r in ratios.items() if r is not None) or "n/a"
