@@ -154,7 +154,7 @@ def run(out: str = OUT, budget_s: float = BUDGET_S, *, device: torch.device | No
         record["tests"] = {"returncode": None, "skipped": f"{TESTS} is not here (run from a clone of the kit)"}
     say(f"gpu tests: {_outcome(record['tests'])}")
 
-    weights = ("from ssd.models import PAIRS, ensure_cached; "
+    weights = ("from ssd.gguf_store import ensure_cached; from ssd.models import PAIRS; "
                f"[ensure_cached(s) for s in (PAIRS[{PAIR!r}].draft, PAIRS[{PAIR!r}].target)]")
     record["weights"] = step([python, "-c", weights], clock.left())
     say(f"weights of {PAIR}: {_outcome(record['weights'])}")
