@@ -42,7 +42,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     s = p.add_argument_group("SSD (method ssd)")
     s.add_argument("--budget", type=int, default=16, help="B, cached outcomes per round (default 16)")
-    s.add_argument("--fan-out", default="uniform", help=f"the fan-out strategy: {' | '.join(STRATEGIES)} (default uniform)")
+    s.add_argument("--fan-out", default="uniform",
+                   help=f"the fan-out strategy: {' | '.join(STRATEGIES)} (default uniform)")
     s.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro's C in [0, 1]; 1 = off (default 1)")
     s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)} (default jit)")
     s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated: its prior")
@@ -116,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 def setup(args) -> tuple[object, SSDConfig]:
     # A PipelineConfig is an SSDConfig that also carries the pipeline's cores; every other method ignores them.
     config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                            budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c, backup=args.backup,
-                            a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
+                            budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
+                            backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
                             drafter_cores=args.drafter_cores)
     if args.threads is not None:
         if args.threads < 1:

@@ -140,7 +140,7 @@ def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision:
     return 0
 
 
-# ---- rank 0: the verifier's side of the life --------------------------------------------------------------------------------------
+# ---- rank 0: the verifier's side of the life ------------------------------------------------------------------
 
 _open: weakref.WeakSet = weakref.WeakSet()  # every Pipeline not yet closed, for close_pipelines at exit
 _torchrun_joined = False  # did this torchrun rank 0 ever join rank 1 (see stop_unused_torchrun_drafter)

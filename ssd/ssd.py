@@ -192,7 +192,8 @@ class Speculator(Proposer):
         self.backup = (self.drafter if config.backup == "jit" else
                        NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
         self.cache = SpeculationCache()
-        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if config.fan_out_strategy == "calibrated" else None
+        calibrated = config.fan_out_strategy == "calibrated"
+        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if calibrated else None
         self.f_next = self.next_fan_out()  # the F_0..F_K the drafts made now are for
         self.block: Draft | None = None  # the whole K-token draft of the round being verified
         self.found: Draft | None = None  # the cached draft for the last outcome, if it hit

@@ -81,8 +81,8 @@ def test_greedy_ssd_is_token_identical_to_the_target(pair, strategy, backup):
     for prompt in prompts:
         reference, _ = run(generate_ar, pair, prompt, max_new_tokens=30)
         for budget, c in itertools.product([0, 1, 4, 16, 64], [1.0, 0.7, 0.1, 0.0]):
-            tokens, trace = run(generate_ssd, pair, prompt, k=4, max_new_tokens=30, budget=budget, fan_out_strategy=strategy,
-                                saguaro_c=c, backup=backup)
+            tokens, trace = run(generate_ssd, pair, prompt, k=4, max_new_tokens=30, budget=budget,
+                                fan_out_strategy=strategy, saguaro_c=c, backup=backup)
             assert tokens == reference, (budget, c)
             if budget == 0:
                 assert trace.hit_rate == 0
@@ -109,7 +109,8 @@ def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
     common = dict(k=3, temperature=0.8, max_new_tokens=50, fan_out_strategy=strategy, a_p=0.8, r=0.7)
     # The curve of either strategy comes from a run with the other: the ranks do not depend on what was cached.
     other = "calibrated" if strategy == "uniform" else "uniform"
-    tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets), **(common | {"fan_out_strategy": other}))
+    tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets),
+                        **(common | {"fan_out_strategy": other}))
     predicted = counterfactual_hits(trace.to_frame(), budgets, k=3, strategy=strategy, a_p=0.8, r=0.7)
     for b in budgets:
         tokens_b, trace_b = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=b, **common)
