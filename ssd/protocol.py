@@ -125,7 +125,7 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
         with watch("draft_s"):
             speculator.observe(draft, outcome.verdict)
             following = None if outcome.done else speculator.propose(outcome.draft_len, u_draft)
-        previous = report(speculator.lookup, following, **watch.take())
+        previous = report(speculator.last_lookup, following, **watch.take())
         if outcome.done:
             channel.send(previous, timeout_s=timeout_s, doing="sending the last report")
             return

@@ -180,9 +180,9 @@ class Speculator(Proposer):
 
     A round: ``propose`` hands out the draft (from the cache after a hit, else from the backup); while the target
     verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
-    and looks it up (``lookup`` then says hit or miss). It always drafts K tokens, the configured length, and hands
-    out the first k (fewer near max_new_tokens): the cache is filled for the whole draft. It lives wherever the draft
-    model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
+    and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens, the configured length, and
+    hands out the first k (fewer near max_new_tokens): the cache is filled for the whole draft. It lives wherever the
+    draft model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
     """
 
     def __init__(self, draft_model, prompt_ids: list[int], config: SSDConfig, vocab_size: int):
@@ -198,7 +198,7 @@ class Speculator(Proposer):
         self.block: Draft | None = None  # the whole K-token draft of the round being verified
         self.found: Draft | None = None  # the cached draft for the last outcome, if it hit
         self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
-        self.lookup: Lookup | None = None
+        self.last_lookup: Lookup | None = None  # what the cache made of the last outcome
 
     @property
     def model(self) -> CachedModel:
@@ -246,7 +246,7 @@ class Speculator(Proposer):
             self.backup.observe(draft, verdict)
         super().observe(draft, verdict)
         self.found = self.cache.lookup(verdict.outcome) if self.config.budget > 0 else None
-        self.lookup = Lookup(hit=self.found is not None, rank=rank)
+        self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
 
 
 def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,7 +277,8 @@ def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator
             with watch("draft_s"):  # the lookup, and the backup after a miss
                 speculator.observe(draft, checked.verdict)
                 following = None if done else speculator.propose(verifier.draft_len(), u_draft)
-            trace.rounds.append(ssd_round(checked, speculator.lookup, draft, following, a_p, r, **watch.take()))
+            lookup = speculator.last_lookup
+            trace.rounds.append(ssd_round(checked, lookup, draft, following, a_p, r, **watch.take()))
             draft = following
     return verifier.new, trace
 
