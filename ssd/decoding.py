@@ -100,7 +100,6 @@ class Verifier:
         self.config = config
         self.eos = eos_token_ids
         self.new: list[int] = []
-        self.accepted_len = len(prompt_ids)  # the committed prefix both models' caches may keep after a round
 
     def draft_len(self) -> int:
         """K of the next round: never draft past max_new_tokens (a round yields at most K + 1 tokens)."""
@@ -113,8 +112,7 @@ class Verifier:
         p = probs_from_logits(logits, self.config.temperature)  # [k + 1, V]
         q = draft.q.to(p.device)  # [k, V]
         verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1])
-        self.accepted_len = len(self.tokens) + verdict.accepted
-        self.target.rollback(self.accepted_len)
+        self.target.rollback(len(self.tokens) + verdict.accepted)  # the rejected tail leaves the cache
         appended = draft.tokens[: verdict.accepted] + [verdict.token]
         emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new), self.eos)
         self.tokens += emitted

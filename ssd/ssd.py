@@ -186,7 +186,7 @@ class Speculator(Proposer):
     """
 
     def __init__(self, draft_model, prompt_ids: list[int], config: SSDConfig, vocab_size: int):
-        super().__init__(prompt_ids)
+        # No Proposer.__init__: the committed tokens are the drafter's (``tokens`` below), kept in one place.
         self.config = config
         self.drafter = SaguaroDrafter(draft_model, prompt_ids, config)
         self.backup = (self.drafter if config.backup == "jit" else
@@ -203,6 +203,11 @@ class Speculator(Proposer):
     @property
     def model(self) -> CachedModel:
         return self.drafter.model
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed tokens: the drafter's copy, which its observe advances."""
+        return self.drafter.tokens
 
     def next_fan_out(self) -> tuple[int, ...]:
         """F_0..F_K from the strategy and, calibrated, the estimates so far."""
@@ -244,7 +249,6 @@ class Speculator(Proposer):
         self.drafter.observe(draft, verdict)
         if self.backup is not self.drafter:
             self.backup.observe(draft, verdict)
-        super().observe(draft, verdict)
         self.found = self.cache.lookup(verdict.outcome) if self.config.budget > 0 else None
         self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
 
