@@ -21,7 +21,7 @@ from .decoding import DecodeConfig, generate_ar
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability, device_name
-from .methods import get_method
+from .methods import base_name, resolve
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
 from .trace import Trace
@@ -34,10 +34,14 @@ CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar"
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
+    """One answer of a method (or a variant, ``ssd.methods``) and its row."""
+    generate, config = resolve(method, config)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    tokens, trace = get_method(method)(pair, prompt_ids, config, generator)
+    tokens, trace = generate(pair, prompt_ids, config, generator)
     wall = time.perf_counter() - start
+    drafting = [r for r in trace.rounds if r.draft_len > 0]
+    budgets = [r.budget for r in trace.rounds if getattr(r, "budget", None) is not None]
     return tokens, {
         "method": method,
         "new_tokens": len(tokens),
@@ -54,6 +58,10 @@ def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> t
         # Tokens per target forward: Spec-Bench's "mean accepted tokens" (1 for AR; None where a peer has no rounds).
         "tokens_per_round": trace.tokens_per_round,
         "hit_rate": trace.hit_rate,
+        # The K and B the rounds used (the tuner's choices with k or budget "auto"): K over rounds that drafted.
+        "drafting_rounds": len(drafting),
+        "mean_k": sum(r.draft_len for r in drafting) / len(drafting) if drafting else None,
+        "mean_budget": sum(budgets) / len(budgets) if budgets else None,
     }, trace
 
 
@@ -111,8 +119,8 @@ def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config,
         bar.set_postfix_str(f"{answer_id} {method}")
         tokens, row, trace = run_one(method, pair, contexts[method], config, seed=seed)
         frame = trace.to_frame() if trace.rounds else None
-        if profile is not None and method in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile, this answer
-            row["profile_tokens_per_s"] = _profile_prediction(profile, config, frame)
+        if profile is not None and base_name(method) in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile
+            row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
         rows.append({"prompt_id": answer_id, "category": prompt.category, "turn": turn + 1,
                      "prompt_tokens": len(contexts[method]), "target_dtype": pair.precisions.target,
                      "draft_dtype": pair.precisions.draft, **row})
@@ -150,6 +158,7 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
     summary = []
     for method, g in rows.groupby("method", sort=False):
         drafted = g["drafted"].sum()
+        budgeted = g.dropna(subset=["mean_budget"]) if "mean_budget" in g else g.iloc[:0]
         summary.append(
             {
                 "method": method,
@@ -160,6 +169,9 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                 "decode_tokens_per_s": _decode_rate(g),
                 "acceptance_rate": float(g["accepted"].sum() / drafted) if drafted else None,
                 "mean_accepted": float(g["accepted"].sum() / g.loc[g["drafted"] > 0, "rounds"].sum()) if drafted else None,
+                "mean_k": float(drafted / g["drafting_rounds"].sum()) if drafted and "drafting_rounds" in g else None,
+                "mean_budget": (float((budgeted["mean_budget"] * budgeted["rounds"]).sum() / budgeted["rounds"].sum())
+                                if len(budgeted) else None),
                 "identical_to_target": bool(g["identical_to_target"].all()) if g["identical_to_target"].notna().all() else None,
                 **_differences(g),
             }
@@ -172,8 +184,8 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                                      if decode.get("ar") and s["decode_tokens_per_s"] else None)
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
-    for name in ("ssd", "ssd-pipeline"):
-        if rounds is None or name not in tps:
+    for name in tps:
+        if rounds is None or base_name(name) not in ("ssd", "ssd-pipeline"):
             continue
         # Theorem 7 from what the method's rounds measured: for ssd, what drafting and verifying on two devices would
         # give; for ssd-pipeline, the prediction to hold against its measured speedup_vs_ar.
@@ -181,9 +193,10 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         ssd = next(s for s in summary if s["method"] == name)
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
-        if profile is not None and config is not None:
-            ssd.update(theorem7_from_profile(profile, config.k, config.budget, ssd["p_hit"], ssd["e_hit"],
-                                             ssd["e_miss"], config.backup))
+        fixed = config is not None and resolve(name, config)[1]
+        if profile is not None and fixed and isinstance(fixed.k, int) and isinstance(fixed.budget, int):
+            ssd.update(theorem7_from_profile(profile, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
+                                             ssd["e_miss"], fixed.backup))
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
     return summary
@@ -229,8 +242,11 @@ def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float:
-    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens."""
+def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
+    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens (None
+    where K or B was on auto and so changed from round to round)."""
+    if not (isinstance(config.k, int) and isinstance(config.budget, int)):
+        return None
     own = measured_theorem7(rounds)
     return theorem7_from_profile(profile, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
                                  config.backup)["profile_tokens_per_s"]
@@ -285,7 +301,8 @@ def environment(device="cpu") -> dict:
 def summary_table(summary: list[dict]) -> str:
     columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "decode_tokens_per_s",
                "decode_speedup_vs_ar", "speedup_vs_peer",
-               "acceptance_rate", "mean_accepted", "hit_rate", "t_p", "t_b", "predicted_speedup_vs_ar",
+               "acceptance_rate", "mean_accepted", "mean_k", "mean_budget", "hit_rate", "t_p", "t_b",
+               "predicted_speedup_vs_ar",
                "profile_tokens_per_s", "decode_over_profile_prediction", "identical_share", "differences_at_near_ties"]
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
     return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -10,7 +11,7 @@ import torch
 from . import bench, course, experiments, gpu_check, profile, sweep
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
-from .methods import METHODS, get_method, parse_methods
+from .methods import METHODS, get_method, parse_methods, parse_variant
 from .files import cache_dir, write_csv, write_json
 from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
 from .precision import CHOICES, capability_line, check_precision
@@ -19,6 +20,7 @@ from .pipeline import PipelineConfig, close_pipelines, serve_torchrun, stop_unus
 from .prompts import Prompt, encode, first_turns, load_prompts
 from .ssd import BACKUPS, SSDConfig
 from .transport import PipelineError, env_rank
+from .tuning import AUTO, is_auto
 
 
 def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
@@ -35,23 +37,36 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     add_pair_args(p)
-    p.add_argument("-k", type=int, default=4, help="draft length K (default 4)")
+    p.add_argument("-k", type=int_or_auto, default=4, help="draft length K, or auto: chosen for this machine from "
+                   "its latency profile and the run's acceptance rate, re-decided every few rounds (default 4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     p.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator every draw uses (default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     s = p.add_argument_group("SSD (method ssd)")
-    s.add_argument("--budget", type=int, default=16, help="B, cached outcomes per round (default 16)")
+    s.add_argument("--budget", type=int_or_auto, default=16, help="B, cached outcomes per round, or auto: chosen "
+                   "with K from the profile and the calibrated a_p and miss rates (default 16)")
     s.add_argument("--fan-out", default="uniform",
                    help=f"the fan-out strategy: {' | '.join(STRATEGIES)} (default uniform)")
     s.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro's C in [0, 1]; 1 = off (default 1)")
     s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)} (default jit)")
-    s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated: its prior")
+    s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated and auto: its prior "
+                   "(default 0.6)")
     s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
     t = p.add_argument_group("SSD on two ranks (method ssd-pipeline; see ssd.pipeline)")
     t.add_argument("--verifier-cores", default="0", help="CPU cores of the verifier rank (target), e.g. 0 or 0-3 "
                    "(default 0); it runs one torch thread per core")
     t.add_argument("--drafter-cores", default="1", help="CPU cores of the drafter rank (draft) (default 1)")
+
+
+def int_or_auto(value: str):
+    """-k and --budget: an integer, or auto."""
+    if value == AUTO:
+        return AUTO
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or {AUTO}, got {value!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a summary per method and one per "
                        "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
-    b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHODS)} (default ar,sd)")
+    b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHODS)} (default ar,sd); a "
+                   "variant sets its own k or budget, e.g. sd:k=2,sd:k=auto,ssd-pipeline:k=4:budget=8")
     b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
                    "with :N (the first N), [a:b] (a slice) or @N (the first N of each category), e.g. question.jsonl@2 "
                    "(default humaneval:8)")
@@ -161,6 +177,11 @@ def cmd_bench(args) -> None:
     latencies = None
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
         latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
+    if any(is_auto(v) for v in [config.k, config.budget] + [v for m in methods for v in parse_variant(m)[1].values()]):
+        # auto K or B: priced on the profile of the ranks' cores (measured once, then read from the user cache)
+        latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
+                                                        drafter_cores=args.drafter_cores)
+        config = dataclasses.replace(config, latencies=latencies)
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies)
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
@@ -178,6 +199,9 @@ def cmd_hit_rates(args) -> None:
     strategies = [s.strip() for s in args.strategies.split(",")]
     for s in strategies:
         check_strategy(s)
+    if is_auto(args.k):
+        raise ValueError("k='auto' changes K as the run goes; hit-rates reads every budget off one run at a fixed K: "
+                         "give an integer k")
     if args.backup != "jit" or args.saguaro_c != 1.0:
         raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
                          "--saguaro-c 1 (see ssd.ssd.counterfactual_hits)")

@@ -7,26 +7,33 @@ the proposer interface (``ssd.proposers``), so any proposer plugs into the same 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .cached_model import CachedModel
+from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import check_temperature, probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
+from .tuning import is_auto, sd_tuner, with_latencies
 from .verify import Verdict, verify
 
 
 @dataclass
 class DecodeConfig:
-    k: int = 4  # draft length K (ignored by AR)
+    k: int | str = 4  # draft length K (ignored by AR); "auto": chosen for the machine as the run goes (ssd.tuning)
     temperature: float = 0.0  # 0 means greedy
     max_new_tokens: int = 64
+    a_p: float = 0.6  # the acceptance rate assumed before any round: the prior of k="auto" (and of SSD's fan-out)
+    # k="auto": the latency profile the choice is priced on (ssd.profile; the methods fetch the cached one if None)
+    latencies: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        if not (isinstance(self.k, int) and self.k >= 1):
-            raise ValueError(f"k (the draft length K) must be an integer >= 1, got {self.k!r}")
+        if not (is_auto(self.k) or (isinstance(self.k, int) and self.k >= 1)):
+            raise ValueError(f"k (the draft length K) must be an integer >= 1 or 'auto', got {self.k!r}")
+        if not (isinstance(self.a_p, (int, float)) and 0.0 <= self.a_p <= 1.0):
+            raise ValueError(f"a_p must lie in [0, 1], got {self.a_p!r}")
         self.temperature = check_temperature(self.temperature)
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
@@ -101,9 +108,13 @@ class Verifier:
         self.eos = eos_token_ids
         self.new: list[int] = []
 
-    def draft_len(self) -> int:
-        """K of the next round: never draft past max_new_tokens (a round yields at most K + 1 tokens)."""
-        return min(self.config.k, self.config.max_new_tokens - len(self.new) - 1)
+    def room(self) -> int:
+        """The most tokens the next round may draft: never past max_new_tokens (a round yields at most K + 1)."""
+        return self.config.max_new_tokens - len(self.new) - 1
+
+    def draft_len(self, k: int) -> int:
+        """The draft length of the next round at draft length K."""
+        return min(k, self.room())
 
     def check(self, draft: Draft, u_verify: torch.Tensor) -> Checked:
         """Verify one draft in one target pass and commit what it emits. u_verify: [k + 1] uniforms."""
@@ -121,8 +132,12 @@ class Verifier:
 
 
 def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
-    """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling."""
+    """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling. With k="auto" the
+    K of each round is the tuner's (ssd.tuning), re-decided from the acceptance rate as the run goes."""
     prompt_ids = check_prompt(pair, prompt_ids, config)
+    config = with_latencies(pair, config)
+    calibrator = Calibrator(prior_a_p=config.a_p)  # the run's acceptance rate, for k="auto"
+    tuner = sd_tuner(config, calibrator)
     proposer = DraftModelProposer(pair.draft, prompt_ids, config.temperature)
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
     trace, watch = Trace("sd", prompt_len=len(prompt_ids)), Stopwatch()
@@ -130,12 +145,14 @@ def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generat
         watch.prefill(trace, prompt_ids, verifier.target, proposer.model)
         done = False
         while not done:
-            k_round = verifier.draft_len()
+            k_round = verifier.draft_len(tuner.k)
             with watch("draft_s"):
                 draft = proposer.propose(k_round, uniforms(k_round, generator))
             with watch("verify_s"):
                 checked = verifier.check(draft, uniforms(k_round + 1, generator))
             proposer.observe(draft, checked.verdict)
+            calibrator.update(checked.verdict.accepted, k_round, None)
+            tuner.step()
             done = checked.done
             trace.rounds.append(Round(draft_len=k_round, accepted=checked.verdict.accepted,
                                       token=checked.verdict.token, new_tokens=len(checked.emitted), **watch.take()))

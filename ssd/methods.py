@@ -1,5 +1,12 @@
-"""The registry of decoding methods: every entry has the shape generate(pair, prompt_ids, config, generator)."""
+"""The registry of decoding methods: every entry has the shape generate(pair, prompt_ids, config, generator).
+
+A bench can run one method at several settings side by side: a method *variant* names a method and the settings it
+overrides, ``METHOD:FIELD=VALUE[:FIELD=VALUE]``, e.g. ``sd:k=2`` or ``ssd-pipeline:k=auto:budget=auto``
+(``VARIANT_FIELDS`` are the fields a variant may set).
+"""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -45,11 +52,51 @@ def get_method(name: str):
     return METHODS[name]
 
 
+VARIANT_FIELDS = ("k", "budget")  # integers, or "auto"
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """'sd:k=2' -> ('sd', {'k': 2}); 'ssd:k=auto' -> ('ssd', {'k': 'auto'}); a plain name -> (name, {})."""
+    name, *settings = spec.split(":")
+    get_method(name)
+    overrides = {}
+    for setting in settings:
+        field, _, value = setting.partition("=")
+        if field not in VARIANT_FIELDS or not value:
+            raise ValueError(f"method variant {spec!r}: each setting after the method must be FIELD=VALUE with FIELD "
+                             f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
+        overrides[field] = value if value == "auto" else _integer(value, spec)
+    return name, overrides
+
+
+def _integer(value: str, spec: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"method variant {spec!r}: {value!r} is neither an integer nor 'auto'") from None
+
+
+def resolve(spec: str, config):
+    """The method a variant names and the config it runs with (the shared one, its fields overridden)."""
+    name, overrides = parse_variant(spec)
+    missing = [f for f in overrides if not hasattr(config, f)]
+    if missing:
+        raise ValueError(f"method variant {spec!r} sets {', '.join(missing)}, which a {type(config).__name__} lacks")
+    return get_method(name), dataclasses.replace(config, **overrides) if overrides else config
+
+
+def base_name(spec: str) -> str:
+    """The method of a variant: 'ssd-pipeline:k=4' -> 'ssd-pipeline'."""
+    return spec.split(":")[0]
+
+
 def parse_methods(spec: str) -> list[str]:
-    """'ar,sd' -> ['ar', 'sd'], each checked."""
+    """'ar,sd,sd:k=2' -> ['ar', 'sd', 'sd:k=2'], each checked."""
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("methods is empty: give a comma-separated list such as ar,sd")
     for name in names:
-        get_method(name)
+        parse_variant(name)
+    if len(set(names)) < len(names):
+        raise ValueError(f"methods names one twice: {spec!r}")
     return names

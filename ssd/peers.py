@@ -68,6 +68,9 @@ def fixed_draft_length(draft, k: int):
 
 def generate_hf_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
     """transformers' assisted generation with our draft and a fixed K (no adaptive schedule, no early exit)."""
+    if not isinstance(config.k, int):
+        raise ValueError(f"k={config.k!r}: hf-sd drafts a fixed K; give an integer k (k='auto' is the kit's own "
+                         "choice, for sd, sd-1core, ssd and ssd-pipeline)")
     with fixed_draft_length(pair.draft, config.k):
         return _hf_generate("hf-sd", pair, prompt_ids, config, generator,
                             generation_config=generation_config(pair, config), assistant_model=pair.draft)

@@ -51,6 +51,7 @@ from .protocol import Ready, Stop, serve, verify_rounds
 from .ssd import SSDConfig, check_ssd_config
 from .trace import Stopwatch, Trace
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
+from .tuning import with_latencies
 
 STOP_TIMEOUT_S = 10.0  # a drafter asked to stop that has not within this is killed
 JOINED_KEY = "drafter-joined"  # set in the store once the spawned drafter is up
@@ -326,7 +327,8 @@ def pipeline_for(pair, config: SSDConfig) -> Pipeline:
     or timeout of a PipelineConfig change, or after a fault closed it."""
     global _cached
     if not isinstance(config, PipelineConfig):
-        config = PipelineConfig(**dataclasses.asdict(config))  # the default cores and timeout
+        # the default cores and timeout (not asdict: it would turn the latency profile into a dict)
+        config = PipelineConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
     key = (id(pair), config.verifier_cores, config.drafter_cores, config.timeout_s)
     if _cached is not None and (_cached[0] != key or _cached[1].closed):
         _cached[1].close()
@@ -346,6 +348,7 @@ def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.
     """
     check_ssd_config(config, "ssd-pipeline")
     check_prompt(pair, prompt_ids, config)  # bad input fails before a drafter starts
+    config = with_latencies(pair, config)  # auto K or B: priced on the ranks' cores, before the drafter runs
     return pipeline_for(pair, config).generate(prompt_ids, config, generator)
 
 

@@ -51,7 +51,7 @@ class Start:
     prompt_ids: list[int]
     config: SSDConfig
     generator_state: torch.Tensor  # the verifier's generator: both ranks draw the same stream
-    draft_len: int  # K of the first round
+    room: int  # the most tokens the first round may draft (max_new_tokens - 1)
     vocab_size: int
     timeout_s: float
 
@@ -70,9 +70,12 @@ class Report:
 @dataclass(frozen=True)
 class DraftMessage:
     """Rank 1 -> 0: a round's draft (its q rows travel beside it at temperature > 0), with the report of the round
-    before (None for the first)."""
+    before (None for the first). drawn: the sizes of the draft-uniform draws the drafter made since its last message
+    (K of the next round's drafts, and first K of the first draft's; with k="auto" only the drafter's tuner knows
+    them), which the verifier skips in the shared stream."""
 
     tokens: list[int]
+    drawn: tuple[int, ...]
     fan_out: tuple[int, ...]
     a_p: float
     r: float
@@ -81,11 +84,11 @@ class DraftMessage:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Rank 0 -> 1: the verdict of a round, whether decoding is done, and K of the next round."""
+    """Rank 0 -> 1: the verdict of a round, whether decoding is done, and how many tokens the next round may draft."""
 
     verdict: Verdict
     done: bool
-    draft_len: int
+    room: int
 
 
 @dataclass(frozen=True)
@@ -111,20 +114,23 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
     generator = torch.Generator()
     generator.set_state(start.generator_state)
     speculator = Speculator(draft_model, start.prompt_ids, config, start.vocab_size)
-    draft = speculator.propose(start.draft_len, uniforms(config.k, generator))
+    first_k = speculator.k
+    draft = speculator.propose(start.room, uniforms(first_k, generator))
     watch, previous, i = Stopwatch(), None, 0
     while True:
-        u_draft, _ = round_uniforms(generator, config.k, len(draft.tokens))  # the verify uniforms are rank 0's share
+        k_next = speculator.k
+        u_draft, _ = round_uniforms(generator, k_next, len(draft.tokens))  # the verify uniforms are rank 0's share
         a_p, r = speculator.estimates()
         q = draft.q if config.temperature > 0 else None  # at temperature 0 q is one-hot on the tokens
-        channel.send(DraftMessage(draft.tokens, draft.fan_out, a_p, r, previous), q, timeout_s=timeout_s,
+        drawn = (k_next,) if i else (first_k, k_next)  # the first message also answers for the first draft's
+        channel.send(DraftMessage(draft.tokens, drawn, draft.fan_out, a_p, r, previous), q, timeout_s=timeout_s,
                      doing=f"sending the draft of round {i}")
         with watch("prespec_s"):
             speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's draft
         outcome, _ = channel.recv(Outcome, timeout_s=timeout_s, doing=f"waiting for the outcome of round {i}")
         with watch("draft_s"):
             speculator.observe(draft, outcome.verdict)
-            following = None if outcome.done else speculator.propose(outcome.draft_len, u_draft)
+            following = None if outcome.done else speculator.propose(outcome.room, u_draft)
         previous = report(speculator.last_lookup, following, **watch.take())
         if outcome.done:
             channel.send(previous, timeout_s=timeout_s, doing="sending the last report")
@@ -144,19 +150,20 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
                   vocab_size: int, timeout_s: float, trace: Trace) -> None:
     """Rank 0's side of one generate call, its prompt already in the target's cache: start the drafter, then verify
     each draft it sends until done, recording every round in `trace`."""
-    start = Start(verifier.tokens, config, generator.get_state(), verifier.draft_len(), vocab_size, timeout_s)
+    start = Start(verifier.tokens, config, generator.get_state(), verifier.room(), vocab_size, timeout_s)
     channel.send(start, timeout_s=timeout_s, doing="sending the prompt")
-    uniforms(config.k, generator)  # the first draft's uniforms: the drafter draws them from its copy
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first draft")
     watch, done, i = Stopwatch(), False, 0
     while not done:
-        _, u_verify = round_uniforms(generator, config.k, len(message.tokens))  # the draft uniforms: rank 1's share
+        for n in message.drawn:  # the draft uniforms: rank 1's share of the stream
+            uniforms(n, generator)
+        u_verify = uniforms(len(message.tokens) + 1, generator)
         with watch("verify_s"):
             q = one_hot(message.tokens, vocab_size, verifier.target.device) if q is None else q  # [k, V]
             checked = verifier.check(Draft(message.tokens, q, None, message.fan_out), u_verify)
         done = checked.done
         with watch("wait_s"):  # idle until the next draft: max(0, prespec - verify) after a hit, more after a miss
-            channel.send(Outcome(checked.verdict, done, verifier.draft_len()), timeout_s=timeout_s,
+            channel.send(Outcome(checked.verdict, done, verifier.room()), timeout_s=timeout_s,
                          doing=f"sending the outcome of round {i}")
             doing = "waiting for the last report" if done else f"waiting for the draft of round {i + 1}"
             answer, q = channel.recv(Report if done else DraftMessage, timeout_s=timeout_s, doing=doing)
@@ -165,5 +172,5 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
         trace.rounds.append(PipelineRound(
             draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
             draft_s=spec.draft_s, prespec_s=spec.prespec_s, hit=spec.hit, rank=spec.rank, fan_out=message.fan_out,
-            a_p=message.a_p, r=message.r, backup=spec.backup, **watch.take()))
+            budget=sum(message.fan_out), a_p=message.a_p, r=message.r, backup=spec.backup, **watch.take()))
         message, i = answer, i + 1

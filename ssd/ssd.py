@@ -27,6 +27,7 @@ from .outcomes import Calibrator, allocate, candidates, check_budget, check_stra
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import check_saguaro_c, probs_from_logits, sample_from_uniform, saguaro, uniforms
 from .trace import SSDRound, Stopwatch, Trace
+from .tuning import is_auto, ssd_tuner, with_latencies
 from .verify import Verdict
 
 BACKUPS = ("jit", "fast")
@@ -35,23 +36,22 @@ BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's draf
 
 @dataclass
 class SSDConfig(DecodeConfig):
-    budget: int = 16  # B: cached outcomes per round, over all positions
+    budget: int | str = 16  # B: cached outcomes per round, over all positions; "auto": chosen with K (ssd.tuning)
     fan_out_strategy: str = "uniform"  # how B is spread over the positions: uniform | geometric | calibrated
     saguaro_c: float = 1.0  # C of Saguaro sampling; 1 = plain sampling
     backup: str = "jit"  # jit | fast
-    a_p: float = 0.6  # geometric: the acceptance rate; calibrated: its prior
+    # a_p (DecodeConfig's): geometric's acceptance rate; calibrated's prior, and auto's
     r: float = 0.5  # geometric: the power-law exponent of the miss rate; calibrated: its prior
     ngram: int = 3  # fast backup: the longest n-gram matched in the context
 
     def __post_init__(self):
         super().__post_init__()
-        check_budget(self.budget)
+        if not is_auto(self.budget):
+            check_budget(self.budget)
         check_strategy(self.fan_out_strategy)
         self.saguaro_c = check_saguaro_c(self.saguaro_c)
         if self.backup not in BACKUPS:
             raise ValueError(f"backup must be one of {', '.join(BACKUPS)}; got {self.backup!r}")
-        if not 0.0 <= self.a_p <= 1.0:
-            raise ValueError(f"a_p must lie in [0, 1], got {self.a_p}")
         if not self.r > 0:
             raise ValueError(f"r must be > 0, got {self.r}")
         if not (isinstance(self.ngram, int) and self.ngram >= 1):
@@ -180,9 +180,11 @@ class Speculator(Proposer):
 
     A round: ``propose`` hands out the draft (from the cache after a hit, else from the backup); while the target
     verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
-    and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens, the configured length, and
-    hands out the first k (fewer near max_new_tokens): the cache is filled for the whole draft. It lives wherever the
-    draft model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
+    and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
+    (fewer near max_new_tokens): the cache is filled for the whole draft. K and B are its tuner's (``ssd.tuning``):
+    the configured ones, or on auto re-decided every few rounds from the calibrator's estimates; a new K applies from
+    the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives wherever the draft
+    model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
     """
 
     def __init__(self, draft_model, prompt_ids: list[int], config: SSDConfig, vocab_size: int):
@@ -192,9 +194,10 @@ class Speculator(Proposer):
         self.backup = (self.drafter if config.backup == "jit" else
                        NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
         self.cache = SpeculationCache()
-        calibrated = config.fan_out_strategy == "calibrated"
-        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if calibrated else None
-        self.f_next = self.next_fan_out()  # the F_0..F_K the drafts made now are for
+        learns = config.fan_out_strategy == "calibrated" or is_auto(config.k) or is_auto(config.budget)
+        self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r) if learns else None
+        self.tuner = ssd_tuner(config, self.calibrator)
+        self.f_next = self.next_fan_out(self.k)  # the F_0..F_K the drafts made now are for
         self.block: Draft | None = None  # the whole K-token draft of the round being verified
         self.found: Draft | None = None  # the cached draft for the last outcome, if it hit
         self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
@@ -209,14 +212,21 @@ class Speculator(Proposer):
         """The committed tokens: the drafter's copy, which its observe advances."""
         return self.drafter.tokens
 
-    def next_fan_out(self) -> tuple[int, ...]:
-        """F_0..F_K from the strategy and, calibrated, the estimates so far."""
+    @property
+    def k(self) -> int:
+        """K of the next round's drafts: how many draft uniforms the next round draws."""
+        return self.tuner.k
+
+    def next_fan_out(self, k: int) -> tuple[int, ...]:
+        """F_0..F_K of a round of K drafted tokens, from the strategy, the tuner's B and, calibrated, the estimates."""
         c = self.config
-        return tuple(allocate(c.fan_out_strategy, c.budget, c.k, a_p=c.a_p, r=c.r, calibrator=self.calibrator))
+        return tuple(allocate(c.fan_out_strategy, self.tuner.budget, k, a_p=c.a_p, r=c.r, calibrator=self.calibrator))
 
     def estimates(self) -> tuple[float, float]:
         """The a_p and r the fan-out strategy uses now."""
-        return (self.calibrator.a_p, self.calibrator.r) if self.calibrator else (self.config.a_p, self.config.r)
+        if self.config.fan_out_strategy == "calibrated":
+            return self.calibrator.a_p, self.calibrator.r
+        return self.config.a_p, self.config.r
 
     def propose(self, k: int, u: torch.Tensor) -> Draft:
         """The next draft: the cached one after a hit, else the backup's, drafted with u ([K] uniforms)."""
@@ -224,15 +234,15 @@ class Speculator(Proposer):
             self.block = self.found
         else:
             self.drafter.fan_out = self.f_next
-            self.block = replace(self.backup.propose(self.config.k, u), fan_out=self.f_next)
+            self.block = replace(self.backup.propose(len(u), u), fan_out=self.f_next)
         return self.block.truncated(k)
 
     def prespeculate(self, u: torch.Tensor) -> None:
         """Fill the cache with the next round's draft for every predicted outcome of this round (u: [K] uniforms,
         the ones a backup would draft the next round with)."""
-        self.f_next = self.next_fan_out()
+        self.f_next = self.next_fan_out(len(u))
         entries, self.rank_rows = {}, None
-        if self.config.budget > 0:
+        if sum(self.block.fan_out) > 0:  # the candidates of this round's outcomes
             entries, self.rank_rows = branch_drafts(self.model, self.tokens, self.block, u, self.config.temperature,
                                                     self.config.saguaro_c, self.f_next)
         self.cache.fill(entries)
@@ -246,10 +256,11 @@ class Speculator(Proposer):
             rank = rank_of(t_star, self.rank_rows[k], excluded) if t_star != excluded else None
         if self.calibrator:
             self.calibrator.update(k, verdict.draft_len, rank)
+        self.tuner.step()
         self.drafter.observe(draft, verdict)
         if self.backup is not self.drafter:
             self.backup.observe(draft, verdict)
-        self.found = self.cache.lookup(verdict.outcome) if self.config.budget > 0 else None
+        self.found = self.cache.lookup(verdict.outcome) if sum(self.block.fan_out) > 0 else None
         self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
 
 
@@ -263,15 +274,16 @@ def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator
     """SSD in one process. Lossless: every round is verified exactly as in SD, against the q it was drawn from."""
     check_ssd_config(config)
     prompt_ids = check_prompt(pair, prompt_ids, config)
+    config = with_latencies(pair, config)
     speculator = Speculator(pair.draft, prompt_ids, config, pair.vocab_size)
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
     trace, watch = Trace("ssd", prompt_len=len(prompt_ids)), Stopwatch()
     with watch.whole(trace):
         watch.prefill(trace, prompt_ids, verifier.target, speculator.model)
-        draft = speculator.propose(verifier.draft_len(), uniforms(config.k, generator))
+        draft = speculator.propose(verifier.room(), uniforms(speculator.k, generator))
         done = False
         while not done:
-            u_draft, u_verify = round_uniforms(generator, config.k, len(draft.tokens))
+            u_draft, u_verify = round_uniforms(generator, speculator.k, len(draft.tokens))
             a_p, r = speculator.estimates()
             with watch("prespec_s"):
                 speculator.prespeculate(u_draft)  # on two devices this overlaps the verify pass below
@@ -280,7 +292,7 @@ def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator
             done = checked.done
             with watch("draft_s"):  # the lookup, and the backup after a miss
                 speculator.observe(draft, checked.verdict)
-                following = None if done else speculator.propose(verifier.draft_len(), u_draft)
+                following = None if done else speculator.propose(verifier.room(), u_draft)
             lookup = speculator.last_lookup
             trace.rounds.append(ssd_round(checked, lookup, draft, following, a_p, r, **watch.take()))
             draft = following
@@ -297,7 +309,7 @@ def ssd_round(checked: Checked, lookup: Lookup, draft: Draft, following: Draft |
     """The trace's record of one SSD round; `following` is the next round's draft (None after the last)."""
     v = checked.verdict
     return SSDRound(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
-                    hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, a_p=a_p, r=r,
+                    hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, budget=sum(draft.fan_out), a_p=a_p, r=r,
                     backup=backup_used(following), **seconds)
 
 
@@ -319,16 +331,21 @@ def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_
     with columns run, round, budget, hit.
     """
     check_strategy(strategy)
-    rows, run, calibrator = [], -1, None
+
+    def fan_outs(calibrator) -> dict[int, list[int]]:
+        return {b: allocate(strategy, b, k, a_p=a_p, r=r, calibrator=calibrator) for b in budgets}
+
+    rows, run, calibrator, planned = [], -1, None, {}
     for row in rounds.itertuples():
         if row.round == 0:
             run, calibrator = run + 1, Calibrator(prior_a_p=a_p, prior_r=r)
+            planned = fan_outs(calibrator)
+        # Round r's fan-out was chosen while round r - 1 was being verified (its pre-speculation): from the rounds
+        # before r - 1, as in generate_ssd.
+        current, planned = planned, fan_outs(calibrator)
         rank = None if pd.isna(row.rank) else int(row.rank)
         for b in budgets:
-            if strategy == "calibrated":
-                f = calibrator.allocate(b, k)
-            else:
-                f = allocate(strategy, b, k, a_p=a_p, r=r)
-            rows.append({"run": run, "round": row.round, "budget": b, "hit": rank is not None and rank <= f[row.accepted]})
+            hit = rank is not None and rank <= current[b][row.accepted]
+            rows.append({"run": run, "round": row.round, "budget": b, "hit": hit})
         calibrator.update(row.accepted, row.draft_len, rank)
     return pd.DataFrame(rows)

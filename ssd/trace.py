@@ -37,6 +37,7 @@ class SSDRound(Round):
     hit: bool | None = None  # was this round's outcome (k, t*) in the cache? None where nothing was predicted
     rank: int | None = None  # rank of t* among the candidates at position k: a hit at fan-out F iff rank <= F
     fan_out: tuple[int, ...] = ()  # F_0..F_K the candidates of this round were chosen with
+    budget: int | None = None  # B of this round: the sum of fan_out (with budget="auto", the tuner's choice)
     a_p: float | None = None  # the a_p and r the fan-out strategy used (calibrated: the running estimates)
     r: float | None = None
     backup: str | None = None  # which backup drafted the next round after a miss ("jit" or "fast")

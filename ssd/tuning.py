@@ -10,18 +10,27 @@ draft forward over n rows (1: a one-token step; B: one depth of the pre-speculat
   the fan-out F_0..F_K a strategy gives B, and the miss rate's power law c F^(-r) (``ssd.outcomes.PowerLaw``);
   pre-speculation costs a glue step and K tree depths over B rows, a jit backup K one-token steps.
 
-This is the choice logic alone: which K and B to run is still the caller's (issue 11 wires it into the loops).
+``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
+prior (acceptance rate ``a_p`` of the config, the calibrator's prior miss rates), then again every ``EVERY`` rounds
+from the run's own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt
+that moves from code to prose moves its K and B. The latencies are the profile's (``ssd.profile.cached_profile``:
+measured once per machine, pair, precision and core set, then read from the user cache), not the run's own clock:
+the choices then depend only on the tokens, so a seed gives the same output on every run.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
-from .outcomes import PowerLaw, allocate, outcome_probabilities
+from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import expected_tokens, theorem7_from_profile
 
+AUTO = "auto"  # the value of k or budget that asks for the choice
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 BUDGETS = (1, 2, 4, 8, 16, 32)
+EVERY = 4  # rounds between two decisions of a run
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,7 @@ class Choice:
 
     k: int
     budget: int | None  # None for SD
-    tokens_per_s: float  # predicted decode tokens per second
+    tokens_per_s: float | None  # predicted decode tokens per second (None: configured, not chosen)
     p_hit: float | None = None  # SSD: the predicted hit rate at this (K, B)
 
 
@@ -60,28 +69,111 @@ def choose_sd_k(a: float, latencies, ks=SD_KS) -> Choice:
     return Choice(k=best, budget=None, tokens_per_s=sd_tokens_per_s(a, best, latencies))
 
 
-def predicted_hit_rate(a_p: float, law: PowerLaw, k: int, budget: int, strategy: str = "geometric") -> float:
-    """P(hit) = sum over outcomes k of P(k) (1 - miss(F_k)), with miss(F) = min(1, c F^(-r)) and miss(0) = 1."""
-    fan_out = allocate(strategy, budget, k, a_p=a_p, r=law.r)
-    return sum(p * (1.0 - min(1.0, law.c * f ** -law.r)) for p, f in zip(outcome_probabilities(k, a_p), fan_out)
-               if f > 0)
+def predicted_hit_rate(a_p: float, law: PowerLaw | MissModel, k: int, budget: int, strategy: str = "geometric",
+                       r: float | None = None) -> float:
+    """P(hit) = sum over outcomes k of P(k) (1 - miss_k(F_k)), miss_k the miss rate at that kind of position (one
+    power law for both, or a calibrator's ``MissModel``) and F_k the fan-out the strategy gives B (geometric's r: the
+    given one, else the power law's; calibrated spreads B by the same miss rates)."""
+    model = MissModel.from_law(law) if isinstance(law, PowerLaw) else law
+    if strategy == "calibrated":
+        fan_out = marginal_fan_out(budget, k, a_p, model)
+    else:
+        if r is None and not isinstance(law, PowerLaw):
+            raise ValueError("r is needed for the geometric fan-out when law is a MissModel")
+        fan_out = allocate(strategy, budget, k, a_p=a_p, r=law.r if r is None else r)
+    probs = outcome_probabilities(k, a_p)
+    return sum(p * (1.0 - model.at(position_kind(j, k), f)) for j, (p, f) in enumerate(zip(probs, fan_out)))
 
 
-def ssd_tokens_per_s(a_p: float, law: PowerLaw, k: int, budget: int, latencies, *, strategy: str = "geometric",
-                     backup: str = "jit") -> tuple[float, float]:
+def ssd_tokens_per_s(a_p: float, law: PowerLaw | MissModel, k: int, budget: int, latencies, *,
+                     strategy: str = "geometric", backup: str = "jit", r: float | None = None) -> tuple[float, float]:
     """SSD's predicted steady-state decode tokens/s at (K, B), and the hit rate behind it (Theorem 7)."""
-    p_hit = predicted_hit_rate(a_p, law, k, budget, strategy)
+    p_hit = predicted_hit_rate(a_p, law, k, budget, strategy, r)
     e = expected_tokens(a_p, k)  # a hit and a miss both yield a round of K drafted tokens
     predicted = theorem7_from_profile(latencies, k, budget, p_hit, e, e, backup)
     return predicted["profile_tokens_per_s"], p_hit
 
 
-def choose_ssd_k_budget(a_p: float, law: PowerLaw, latencies, ks=SSD_KS, budgets=BUDGETS, *,
-                        strategy: str = "geometric", backup: str = "jit") -> Choice:
+def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
+                        strategy: str = "geometric", backup: str = "jit", r: float | None = None) -> Choice:
     """The (K, B) of SSD with the most predicted tokens per second (the smaller K, then B, on a tie)."""
     a_p = _check_rate(a_p, "a_p (the acceptance rate)")
     ks, budgets = _check_candidates(ks, "ks"), _check_candidates(budgets, "budgets")
-    scored = {(k, b): ssd_tokens_per_s(a_p, law, k, b, latencies, strategy=strategy, backup=backup)
+    scored = {(k, b): ssd_tokens_per_s(a_p, law, k, b, latencies, strategy=strategy, backup=backup, r=r)
               for k in sorted(ks) for b in sorted(budgets)}
     k, b = max(scored, key=lambda kb: (scored[kb][0], -kb[0], -kb[1]))
     return Choice(k=k, budget=b, tokens_per_s=scored[k, b][0], p_hit=scored[k, b][1])
+
+
+# ---- in a run ------------------------------------------------------------------------------------------------------
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value == AUTO
+
+
+class Tuner:
+    """The K (and B) of a run's rounds: `decide` once before the first round, then again after every `every`
+    rounds, each time from the estimates of that moment. With nothing on auto it keeps the configured values."""
+
+    def __init__(self, decide: Callable[[], Choice], every: int | None = None):
+        every = EVERY if every is None else every
+        if not (isinstance(every, int) and every >= 1):
+            raise ValueError(f"every (rounds between decisions) must be an integer >= 1, got {every!r}")
+        self.decide, self.every, self.rounds = decide, every, 0
+        self.choice = decide()
+
+    @property
+    def k(self) -> int:
+        return self.choice.k
+
+    @property
+    def budget(self) -> int | None:
+        return self.choice.budget
+
+    def step(self) -> None:
+        """A round is done: decide again if it is time."""
+        self.rounds += 1
+        if self.rounds % self.every == 0:
+            self.choice = self.decide()
+
+
+def _latencies(config):
+    if config.latencies is None:
+        raise ValueError("k or budget is 'auto' but the config holds no latencies: pass it through "
+                         "ssd.tuning.with_latencies(pair, config) (the methods do this themselves)")
+    return config.latencies
+
+
+def sd_tuner(config, calibrator: Calibrator) -> Tuner:
+    """SD's K: the configured one, or (k='auto') the best from the calibrator's acceptance rate."""
+    if not is_auto(config.k):
+        return Tuner(lambda: Choice(config.k, None, None))
+    latencies = _latencies(config)
+    return Tuner(lambda: choose_sd_k(calibrator.a_p, latencies))
+
+
+def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
+    """SSD's (K, B): each configured, or on auto the best (Theorem 7) from the calibrator's a_p and miss rates."""
+    if not (is_auto(config.k) or is_auto(config.budget)):
+        return Tuner(lambda: Choice(config.k, config.budget, None))
+    latencies = _latencies(config)
+    ks = SSD_KS if is_auto(config.k) else (config.k,)
+    budgets = BUDGETS if is_auto(config.budget) else (config.budget,)
+
+    def decide() -> Choice:  # the miss rates are the calibrator's whatever the strategy that spends B
+        return choose_ssd_k_budget(calibrator.a_p, calibrator.miss_model(), latencies, ks, budgets,
+                                   strategy=config.fan_out_strategy, backup=config.backup, r=config.r)
+    return Tuner(decide)
+
+
+def with_latencies(pair, config):
+    """The config, with the profile of the pair on the config's cores (the user cache's, measured on first use) where
+    k or budget is 'auto' and it holds none; otherwise the config as it is."""
+    if config.latencies is not None or not (is_auto(config.k) or is_auto(getattr(config, "budget", None))):
+        return config
+    from .profile import cached_profile  # measuring needs the models' code; a fixed run never imports it
+
+    latencies = cached_profile(pair, verifier_cores=getattr(config, "verifier_cores", "0"),
+                               drafter_cores=getattr(config, "drafter_cores", "1"))
+    return dataclasses.replace(config, latencies=latencies)

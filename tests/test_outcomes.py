@@ -1,4 +1,5 @@
 """Fan-out allocation (uniform, Theorem 12 geometric, calibrated) and candidate outcomes."""
+import itertools
 import math
 
 import numpy as np
@@ -7,11 +8,16 @@ import torch
 
 from ssd.outcomes import (
     Calibrator,
+    MissModel,
+    PowerLaw,
     allocate,
     candidates,
     fit_power_law,
     geometric_fan_out,
     largest_remainder,
+    marginal_fan_out,
+    outcome_probabilities,
+    position_kind,
     rank_of,
     uniform_fan_out,
 )
@@ -97,8 +103,41 @@ def test_calibrated_fan_out_follows_the_estimates():
     for accepted, k, rank in synthetic_rounds(500, 4, 0.9, 1.0):
         calibrator.update(accepted, k, rank)
     f = allocate("calibrated", 32, 4, calibrator=calibrator)
-    assert f == geometric_fan_out(32, 4, calibrator.a_p, calibrator.r)
-    assert f[4] > f[0]  # a good draft: the bonus position deserves the most candidates
+    assert f == marginal_fan_out(32, 4, calibrator.a_p, calibrator.miss_model()) and sum(f) == 32
+    assert f[4] == max(f)  # a good draft: the bonus position deserves the most candidates
+
+
+def expected_hits(f, a_p, model):
+    probs = outcome_probabilities(len(f) - 1, a_p)
+    return sum(p * (1 - model.at(position_kind(j, len(f) - 1), fj)) for j, (p, fj) in enumerate(zip(probs, f)))
+
+
+@pytest.mark.parametrize("a_p", [0.3, 0.7, 0.95])
+def test_the_marginal_fan_out_buys_the_most_expected_hits(a_p):
+    model = MissModel.from_law(PowerLaw(c=0.4, r=0.8))
+    model = MissModel(recovered=tuple(min(1.0, 1.6 * m) if f else 1.0 for f, m in enumerate(model.recovered)),
+                      bonus=model.bonus)  # recovered tokens rank lower than bonus ones, as measured
+    for budget in (1, 3, 6):
+        best = max(expected_hits(f, a_p, model) for f in itertools.product(range(budget + 1), repeat=4)
+                   if sum(f) == budget)
+        assert expected_hits(marginal_fan_out(budget, 3, a_p, model), a_p, model) == pytest.approx(best)
+
+
+def test_the_miss_rates_are_learnt_per_kind_of_position():
+    """Bonus tokens nearly always rank first, recovered ones spread widely: calibrated learns each, and gives the
+    bonus position fewer candidates than one law fitted over both would."""
+    rng = np.random.default_rng(0)
+    calibrator = Calibrator(prior_a_p=0.8, prior_r=1.0)
+    for _ in range(400):
+        accepted = 4 if rng.random() < 0.6 else int(rng.integers(0, 4))
+        rank = 1 if accepted == 4 and rng.random() < 0.95 else int(rng.integers(1, 12))
+        calibrator.update(accepted, 4, rank)
+    model = calibrator.miss_model()
+    assert model.at("bonus", 1) < 0.1 < 0.5 < model.at("recovered", 1)
+    assert all(0.0 <= m <= 1.0 for m in model.recovered + model.bonus) and model.at("bonus", 0) == 1.0
+    per_kind = allocate("calibrated", 16, 4, calibrator=calibrator)
+    pooled = geometric_fan_out(16, 4, calibrator.a_p, calibrator.r)
+    assert per_kind[4] < pooled[4]
 
 
 def test_power_law_fit_on_exact_data():

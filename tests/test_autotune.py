@@ -1,0 +1,167 @@
+"""K and B on auto (issue 11): the tuner re-decides as the estimates move, and auto runs stay lossless."""
+import pytest
+import torch
+
+from ssd import tuning
+from ssd.cli import main
+from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.methods import parse_methods, parse_variant, resolve
+from ssd.models import tiny_pair
+from ssd.outcomes import Calibrator
+from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
+from ssd.profile import Profile
+from ssd.ssd import SSDConfig, generate_ssd
+
+
+def toy_profile(verify_slope: float = 0.05, draft_ms: float = 20.0) -> Profile:
+    """A GPU-like profile: a pass over n tokens costs 100 (1 + verify_slope (n - 1)) ms, B branch rows little more
+    than one. A real Profile, so it pickles to the pipeline's drafter."""
+    target = {n: 100 * (1 + verify_slope * (n - 1)) for n in (1, 2, 3, 5, 9, 17)}
+    draft = {n: draft_ms * (1 + 0.05 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)}
+    return Profile("toy", {"target": "float32", "draft": "float32"}, {}, [0], [1], 128, target, draft,
+                   {"target": 1.0, "draft": 1.0}, {"target": 1, "draft": 1})
+
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def test_the_sd_tuner_moves_k_with_the_acceptance_rate():
+    calibrator = Calibrator(prior_a_p=0.6)
+    tuner = tuning.sd_tuner(DecodeConfig(k="auto", latencies=toy_profile()), calibrator)
+    start = tuner.k
+    for _ in range(tuning.EVERY * 6):  # a draft the target always accepts: K climbs to the top
+        calibrator.update(start, start, None)
+        tuner.step()
+    assert tuner.k == max(tuning.SD_KS) > start
+    for _ in range(tuning.EVERY * 12):  # then one that is always rejected: K falls to the bottom
+        calibrator.update(0, tuner.k, None)
+        tuner.step()
+    assert tuner.k == min(tuning.SD_KS)
+
+
+def test_the_tuner_decides_only_every_few_rounds():
+    choices = iter(range(1, 100))
+    tuner = tuning.Tuner(lambda: tuning.Choice(next(choices), None, None), every=3)
+    seen = []
+    for _ in range(7):
+        seen.append(tuner.k)
+        tuner.step()
+    assert seen == [1, 1, 1, 2, 2, 2, 3]
+    with pytest.raises(ValueError, match="every"):
+        tuning.Tuner(lambda: tuning.Choice(1, None, None), every=0)
+
+
+def test_the_ssd_tuner_takes_both_and_keeps_what_is_fixed():
+    calibrator = Calibrator(prior_a_p=0.9)
+    both = tuning.ssd_tuner(SSDConfig(k="auto", budget="auto", latencies=toy_profile()), calibrator)
+    assert both.k in tuning.SSD_KS and both.budget in tuning.BUDGETS
+    k_only = tuning.ssd_tuner(SSDConfig(k="auto", budget=6, latencies=toy_profile()), calibrator)
+    assert k_only.budget == 6
+    b_only = tuning.ssd_tuner(SSDConfig(k=3, budget="auto", latencies=toy_profile()), calibrator)
+    assert b_only.k == 3 and b_only.budget in tuning.BUDGETS
+    fixed = tuning.ssd_tuner(SSDConfig(k=3, budget=6), None)
+    assert (fixed.k, fixed.budget) == (3, 6)
+
+
+def test_auto_without_latencies_says_how_to_get_them():
+    with pytest.raises(ValueError, match="with_latencies"):
+        tuning.sd_tuner(DecodeConfig(k="auto"), Calibrator())
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("k", "fast", r"k \(the draft length K\) must be an integer >= 1 or 'auto'"),
+    ("k", 0, r"k \(the draft length K\) must be an integer >= 1 or 'auto'"),
+    ("budget", "lots", "budget"),
+    ("a_p", 1.5, r"a_p must lie in \[0, 1\]"),
+])
+def test_bad_auto_settings_fail_with_one_line(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        SSDConfig(**{field: value})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(agreement_noise=0.3, seed=3)
+
+
+def ar_tokens(pair, n):
+    return generate_ar(pair, PROMPT, DecodeConfig(max_new_tokens=n), torch.Generator().manual_seed(0))[0]
+
+
+def test_greedy_sd_on_auto_is_ar_and_its_k_moves(pair, monkeypatch):
+    monkeypatch.setattr(tuning, "EVERY", 1)
+    config = DecodeConfig(k="auto", max_new_tokens=40, a_p=0.0, latencies=toy_profile())
+    tokens, trace = generate_sd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+    assert tokens == ar_tokens(pair, 40)
+    assert trace.rounds[0].draft_len == 1  # the prior a_p = 0: draft as little as possible
+    assert len({r.draft_len for r in trace.rounds}) > 1  # then the run's acceptance rate moved K
+
+
+@pytest.mark.parametrize("strategy", ["calibrated", "uniform"])
+def test_greedy_ssd_on_auto_is_ar_and_records_its_k_and_b(pair, strategy):
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy=strategy, max_new_tokens=40,
+                       latencies=toy_profile())
+    tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+    assert tokens == ar_tokens(pair, 40)
+    assert all(r.budget == sum(r.fan_out) and r.budget in tuning.BUDGETS for r in trace.rounds)
+
+
+def test_the_pipeline_on_auto_is_ar_and_matches_one_process(pair):
+    fields = dict(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=32, temperature=0.8,
+                  latencies=toy_profile(draft_ms=5.0))
+    one = generate_ssd(pair, PROMPT, SSDConfig(**fields), torch.Generator().manual_seed(1))
+    try:
+        two = generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**fields), torch.Generator().manual_seed(1))
+        greedy = generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**(fields | {"temperature": 0.0})),
+                                       torch.Generator().manual_seed(1))
+    finally:
+        close_pipelines()
+    assert two[0] == one[0]  # the same draws on two ranks: the drafter tells the verifier the K it drew for
+    assert [r.draft_len for r in two[1].rounds] == [r.draft_len for r in one[1].rounds]
+    assert greedy[0] == ar_tokens(pair, 32)
+
+
+def test_sampled_outputs_on_auto_follow_the_target_distribution(monkeypatch):
+    monkeypatch.setattr(tuning, "EVERY", 1)
+    pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
+    prompt, n_new, temperature, n = [1, 4, 2], 4, 0.9, 2000
+    config = DecodeConfig(k="auto", temperature=temperature, max_new_tokens=n_new, a_p=0.0, latencies=toy_profile())
+    expected = exact_target_distribution(pair, prompt, n_new, temperature)
+    counts, ks = torch.zeros(len(expected)), set()
+    for seed in range(n):
+        tokens, trace = generate_sd(pair, prompt, config, torch.Generator().manual_seed(seed))
+        counts[sequence_index(tokens, pair.vocab_size)] += 1
+        ks |= {r.draft_len for r in trace.rounds}
+    assert len(ks) > 1  # K changed within runs
+    assert chi_square_p(counts, expected) > ALPHA
+
+
+def test_method_variants_parse_and_fail_clearly():
+    assert parse_variant("ssd-pipeline:k=auto:budget=8") == ("ssd-pipeline", {"k": "auto", "budget": 8})
+    assert parse_methods("ar,sd:k=2,sd:k=auto") == ["ar", "sd:k=2", "sd:k=auto"]
+    _, config = resolve("sd:k=6", DecodeConfig())
+    assert config.k == 6
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        parse_variant("sd:temperature=1")
+    with pytest.raises(ValueError, match="neither an integer nor 'auto'"):
+        parse_variant("sd:k=two")
+    with pytest.raises(ValueError, match="lacks"):
+        resolve("sd:budget=4", DecodeConfig())
+    with pytest.raises(ValueError, match="twice"):
+        parse_methods("sd,sd")
+
+
+def test_the_command_line_takes_auto_and_refuses_junk(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--pair", "tiny", "--prompt", "x", "-k", "lots"])
+    assert "must be an integer or auto, got 'lots'" in capsys.readouterr().err
+    assert main(["hit-rates", "--pair", "tiny", "-k", "auto", "--prompts", "humaneval:1"]) == 2
+    assert "k='auto' changes K as the run goes" in capsys.readouterr().err
+
+
+def test_hf_sd_refuses_auto(pair):
+    from ssd.peers import generate_hf_sd
+
+    with pytest.raises(ValueError, match="hf-sd drafts a fixed K"):
+        generate_hf_sd(pair, PROMPT, DecodeConfig(k="auto"), torch.Generator())
