@@ -16,7 +16,7 @@ from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import check_temperature, probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
-from .tuning import is_auto, sd_tuner, with_latencies
+from .tuning import MEMORY, PRIOR_WEIGHT, is_auto, sd_tuner, with_latencies
 from .verify import Verdict, verify
 
 
@@ -136,7 +136,8 @@ def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generat
     K of each round is the tuner's (ssd.tuning), re-decided from the acceptance rate as the run goes."""
     prompt_ids = check_prompt(pair, prompt_ids, config)
     config = with_latencies(pair, config)
-    calibrator = Calibrator(prior_a_p=config.a_p)  # the run's acceptance rate, for k="auto"
+    # The run's acceptance rate, for k="auto"
+    calibrator = Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY)
     tuner = sd_tuner(config, calibrator)
     proposer = DraftModelProposer(pair.draft, prompt_ids, config.temperature)
     verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
-from .methods import get_method
+from .methods import get_method, parse_variant
 from .models import load_pair
 from .profile import cached_profile
 from .prompts import encode
@@ -158,3 +158,40 @@ def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores
                                                     progress=progress)
         del pair
     return out
+
+
+# ---- a bench of method variants (notebook 07) ----------------------------------------------------------------------
+
+
+def variant_summary(summary) -> pd.DataFrame:
+    """A bench's summary (its JSON's "summary") with each method variant's settings in columns: base (the method),
+    k and budget as the variant set them ("auto", an integer, or None where it set nothing), and the K and B its
+    rounds used on average (mean_k, mean_budget)."""
+    rows = []
+    for s in summary:
+        base, overrides = parse_variant(s["method"])
+        rows.append({"method": s["method"], "base": base, "k": overrides.get("k"), "budget": overrides.get("budget"),
+                     "decode_tokens_per_s": s.get("decode_tokens_per_s"), "tokens_per_s": s.get("tokens_per_s"),
+                     "mean_k": s.get("mean_k"), "mean_budget": s.get("mean_budget"),
+                     "acceptance_rate": s.get("acceptance_rate"), "hit_rate": s.get("hit_rate"),
+                     "identical_to_target": s.get("identical_to_target")})
+    return pd.DataFrame(rows)
+
+
+def auto_against_fixed(variants: pd.DataFrame, base: str, default: str) -> dict:
+    """The auto variant of a method against its fixed ones in a bench (``variant_summary``): its decode tokens/s, the
+    best fixed variant's and the default's (the method label `default`), and the two ratios."""
+    rows = variants[variants["base"] == base]
+    auto = rows[(rows["k"] == "auto") | (rows["budget"] == "auto")]
+    fixed = rows[~rows.index.isin(auto.index)]
+    if len(auto) != 1 or fixed.empty or default not in set(fixed["method"]):
+        raise ValueError(f"variants need one auto variant of {base}, fixed ones and the default {default!r}; "
+                         f"got {list(rows['method'])}")
+    auto, best = auto.iloc[0], fixed.loc[fixed["decode_tokens_per_s"].idxmax()]
+    default_tps = fixed.loc[fixed["method"] == default, "decode_tokens_per_s"].item()
+    return {"auto": auto["method"], "auto_tokens_per_s": auto["decode_tokens_per_s"], "mean_k": auto["mean_k"],
+            "mean_budget": auto["mean_budget"], "best_fixed": best["method"],
+            "best_fixed_tokens_per_s": best["decode_tokens_per_s"],
+            "auto_over_best": auto["decode_tokens_per_s"] / best["decode_tokens_per_s"],
+            "default": default, "default_tokens_per_s": default_tps,
+            "auto_over_default": auto["decode_tokens_per_s"] / default_tps}

@@ -122,7 +122,8 @@ class Calibrator:
     a_p: the maximum-likelihood per-token acceptance rate of a truncated geometric, accepted / tested, where a round
     tests k + 1 drafted tokens if one was rejected and K if all were accepted (the drafted-token acceptance rate
     accepted / drafted is biased low: tokens after a rejection are never tested). The prior counts as
-    `prior_weight` tested tokens.
+    `prior_weight` tested tokens. With memory < 1 each round first scales the counts before it by memory, so the
+    estimate follows the text as it changes (0.9: about the last ten rounds weigh most); 1 weighs every round alike.
 
     The miss rates (``miss_model``): from the rank of each round's t* among the candidates at its position, kept per
     kind of position (``KINDS``). At each F the estimate is the fraction of that kind's ranks beyond F, shrunk toward
@@ -141,13 +142,15 @@ class Calibrator:
     prior_ranks: float = 8.0
     min_rounds: int = 8
     max_f: int = 32
-    accepted: int = 0
-    tested: int = 0
+    memory: float = 1.0
+    accepted: float = 0
+    tested: float = 0
     ranks: dict = field(default_factory=lambda: {kind: [] for kind in KINDS})
 
     def update(self, accepted: int, draft_len: int, rank: int | None) -> None:
         if draft_len == 0:
             return
+        self.accepted, self.tested = self.accepted * self.memory, self.tested * self.memory
         self.accepted += accepted
         self.tested += accepted + (1 if accepted < draft_len else 0)
         if rank is not None:

@@ -533,3 +533,59 @@ def coloured_tokens(tokenizer, tokens, rounds):
     from IPython.display import HTML
 
     return HTML(coloured_tokens_html(tokenizer, tokens, rounds))
+
+
+# --- K and B on auto (notebook 07) ----------------------------------------------------------------------------------
+
+def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""):
+    """SD's decode tokens/s against K: the prediction (line; columns k, tokens_per_s, from ssd.tuning.sd_curve), the
+    fixed K measured (points; columns k, decode_tokens_per_s, from ssd.experiments.variant_summary), and the auto run
+    measured (a star at the mean K its rounds used; the row whose k is "auto")."""
+    _check(predicted, ["k", "tokens_per_s"], "sd_k_speeds")
+    _check(measured, ["k", "decode_tokens_per_s", "mean_k"], "sd_k_speeds")
+    fixed = measured[measured["k"] != "auto"].astype({"k": int}).sort_values("k")
+    auto = measured[measured["k"] == "auto"]
+    with _styled():
+        fig, ax = plt.subplots()
+        best = predicted.loc[predicted["tokens_per_s"].idxmax()]
+        ax.plot(predicted["k"], predicted["tokens_per_s"], "-", color="grey", label="predicted (profile, a measured)")
+        ax.plot([best["k"]], [best["tokens_per_s"]], "s", color="grey", markersize=9, fillstyle="none",
+                label=f"predicted best: K {int(best['k'])}")
+        ax.plot(fixed["k"], fixed["decode_tokens_per_s"], "o", color=colours(1)[0], markersize=8,
+                label="measured, fixed K")
+        for row in auto.itertuples():
+            ax.plot([row.mean_k], [row.decode_tokens_per_s], "*", color="black", markersize=14,
+                    label=f"measured, K auto (mean K {row.mean_k:.1f})")
+        ax.set(xlabel="draft length K", ylabel="decode tokens/s", title=title or "SD: tokens/s against K")
+        ax.set_ylim(bottom=0)
+        _legend_outside(ax)
+        fig.tight_layout()
+    return fig
+
+
+def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""):
+    """Two heatmaps over (K, B): predicted decode tokens/s (columns k, budget, tokens_per_s: ssd.tuning.ssd_surface)
+    and measured (columns k, budget, decode_tokens_per_s: the fixed variants of ssd.experiments.variant_summary), each
+    with its best cell boxed; the measured panel's title gives the auto run (its mean K and B and tokens/s)."""
+    _check(predicted, ["k", "budget", "tokens_per_s"], "ssd_speed_surfaces")
+    _check(measured, ["k", "budget", "decode_tokens_per_s", "mean_k", "mean_budget"], "ssd_speed_surfaces")
+    fixed = measured[(measured["k"] != "auto") & measured["k"].notna()].astype({"k": int, "budget": int})
+    auto = measured[measured["k"] == "auto"]
+    panels = [("predicted", predicted.pivot_table(index="k", columns="budget", values="tokens_per_s")),
+              ("measured", fixed.pivot_table(index="k", columns="budget", values="decode_tokens_per_s"))]
+    with _styled():
+        fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+        for ax, (name, grid) in zip(axes, panels):
+            sns.heatmap(grid, annot=True, fmt=".2f", cmap="viridis", ax=ax, cbar_kws={"label": "decode tokens/s"})
+            k, b = np.unravel_index(np.nanargmax(grid.to_numpy()), grid.shape)
+            ax.add_patch(plt.Rectangle((b, k), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
+            sub = f"{name}; best boxed: K {grid.index[k]}, B {grid.columns[b]}"
+            if name == "measured" and len(auto):
+                a = auto.iloc[0]
+                sub += f"\nauto: {a['decode_tokens_per_s']:.2f} tokens/s at mean K {a['mean_k']:.1f}, B {a['mean_budget']:.1f}"
+            ax.set(xlabel="budget B", ylabel="draft length K", title=sub)
+            ax.invert_yaxis()
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+    return fig

@@ -11,7 +11,8 @@ draft forward over n rows (1: a one-token step; B: one depth of the pre-speculat
   pre-speculation costs a glue step and K tree depths over B rows, a jit backup K one-token steps.
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
-prior (acceptance rate ``a_p`` of the config, the calibrator's prior miss rates), then again every ``EVERY`` rounds
+prior (acceptance rate ``a_p`` of the config weighing ``PRIOR_WEIGHT`` tested tokens, the calibrator's prior miss
+rates), then again every ``EVERY`` rounds
 from the run's own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt
 that moves from code to prose moves its K and B. The latencies are the profile's (``ssd.profile.cached_profile``:
 measured once per machine, pair, precision and core set, then read from the user cache), not the run's own clock:
@@ -23,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+import pandas as pd
+
 from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import expected_tokens, theorem7_from_profile
 
@@ -30,7 +33,11 @@ AUTO = "auto"  # the value of k or budget that asks for the choice
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 BUDGETS = (1, 2, 4, 8, 16, 32)
-EVERY = 4  # rounds between two decisions of a run
+EVERY = 2  # rounds between two decisions of a run: an answer of 48 tokens has a dozen rounds to move K in
+# With K or B on auto the prior a_p counts as this many tested tokens (the calibrator's default is 8): a dozen rounds
+# must be enough to carry K from the prior's choice to the text's.
+PRIOR_WEIGHT = 2.0
+MEMORY = 0.9  # and the acceptance rate follows about the last ten rounds (Calibrator.memory), so K follows the text
 
 
 @dataclass(frozen=True)
@@ -177,3 +184,32 @@ def with_latencies(pair, config):
     latencies = cached_profile(pair, verifier_cores=getattr(config, "verifier_cores", "0"),
                                drafter_cores=getattr(config, "drafter_cores", "1"))
     return dataclasses.replace(config, latencies=latencies)
+
+
+# ---- the surfaces a notebook draws ---------------------------------------------------------------------------------
+
+
+def calibrator_from(rounds, prior_a_p: float = 0.6, prior_r: float = 0.5) -> Calibrator:
+    """A Calibrator fed every round of trace frames (draft_len, accepted, rank where recorded): the a_p and miss rates
+    a run over those rounds would end with."""
+    calibrator = Calibrator(prior_a_p=prior_a_p, prior_r=prior_r)
+    for draft_len, accepted, rank in zip(rounds["draft_len"], rounds["accepted"], rounds["rank"]):
+        calibrator.update(int(accepted), int(draft_len), None if rank is None or rank != rank else int(rank))
+    return calibrator
+
+
+def sd_curve(a: float, latencies, ks=SD_KS):
+    """SD's predicted decode tokens/s at each K: one row per K (columns k, tokens_per_s)."""
+    return pd.DataFrame({"k": list(ks), "tokens_per_s": [sd_tokens_per_s(a, k, latencies) for k in ks]})
+
+
+def ssd_surface(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
+                strategy: str = "calibrated", backup: str = "jit", r: float | None = None):
+    """SSD's predicted decode tokens/s and hit rate at each (K, B): one row per pair (columns k, budget,
+    tokens_per_s, p_hit), what choose_ssd_k_budget takes the best of."""
+    rows = []
+    for k in ks:
+        for b in budgets:
+            tps, p_hit = ssd_tokens_per_s(a_p, law, k, b, latencies, strategy=strategy, backup=backup, r=r)
+            rows.append({"k": k, "budget": b, "tokens_per_s": tps, "p_hit": p_hit})
+    return pd.DataFrame(rows)

@@ -1,8 +1,10 @@
 """K and B on auto (issue 11): the tuner re-decides as the estimates move, and auto runs stay lossless."""
+import json
+
 import pytest
 import torch
 
-from ssd import tuning
+from ssd import bench, experiments, plots, tuning
 from ssd.cli import main
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
@@ -27,14 +29,14 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
 def test_the_sd_tuner_moves_k_with_the_acceptance_rate():
-    calibrator = Calibrator(prior_a_p=0.6)
+    calibrator = Calibrator(prior_a_p=0.6, prior_weight=tuning.PRIOR_WEIGHT, memory=tuning.MEMORY)
     tuner = tuning.sd_tuner(DecodeConfig(k="auto", latencies=toy_profile()), calibrator)
     start = tuner.k
-    for _ in range(tuning.EVERY * 6):  # a draft the target always accepts: K climbs to the top
-        calibrator.update(start, start, None)
+    for _ in range(tuning.EVERY * 20):  # a draft the target always accepts: K climbs to the top
+        calibrator.update(tuner.k, tuner.k, None)
         tuner.step()
     assert tuner.k == max(tuning.SD_KS) > start
-    for _ in range(tuning.EVERY * 12):  # then one that is always rejected: K falls to the bottom
+    for _ in range(tuning.EVERY * 20):  # then one that is always rejected: K falls to the bottom
         calibrator.update(0, tuner.k, None)
         tuner.step()
     assert tuner.k == min(tuning.SD_KS)
@@ -165,3 +167,43 @@ def test_hf_sd_refuses_auto(pair):
 
     with pytest.raises(ValueError, match="hf-sd drafts a fixed K"):
         generate_hf_sd(pair, PROMPT, DecodeConfig(k="auto"), torch.Generator())
+
+
+SUMMARY = [  # a bench summary of SD variants, as its JSON holds it
+    {"method": "ar", "decode_tokens_per_s": 2.0, "mean_k": None, "mean_budget": None},
+    {"method": "sd:k=2", "decode_tokens_per_s": 4.0, "mean_k": 2.0, "mean_budget": None},
+    {"method": "sd:k=4", "decode_tokens_per_s": 5.0, "mean_k": 3.9, "mean_budget": None},
+    {"method": "sd:k=auto", "decode_tokens_per_s": 4.9, "mean_k": 3.4, "mean_budget": None},
+]
+
+
+def test_a_bench_of_variants_reads_as_a_grid_and_auto_is_held_against_it():
+    variants = experiments.variant_summary(SUMMARY)
+    assert list(variants["k"]) == [None, 2, 4, "auto"] and list(variants["base"]) == ["ar", "sd", "sd", "sd"]
+    verdict = experiments.auto_against_fixed(variants, "sd", "sd:k=4")
+    assert verdict["best_fixed"] == "sd:k=4" and verdict["auto_over_best"] == pytest.approx(0.98)
+    assert verdict["auto_over_default"] == pytest.approx(0.98) and verdict["mean_k"] == 3.4
+    with pytest.raises(ValueError, match="one auto variant"):
+        experiments.auto_against_fixed(variants[variants.k != "auto"], "sd", "sd:k=4")
+
+
+def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
+    law = Calibrator(prior_a_p=0.8).miss_model()
+    surface = tuning.ssd_surface(0.8, law, toy_profile(), (2, 4), (1, 8))
+    assert list(zip(surface.k, surface.budget)) == [(2, 1), (2, 8), (4, 1), (4, 8)]
+    best = surface.loc[surface.tokens_per_s.idxmax()]
+    choice = tuning.choose_ssd_k_budget(0.8, law, toy_profile(), (2, 4), (1, 8), strategy="calibrated")
+    assert (best.k, best.budget) == (choice.k, choice.budget) and surface.p_hit.between(0, 1).all()
+    curve = tuning.sd_curve(0.8, toy_profile())
+    assert curve.loc[curve.tokens_per_s.idxmax(), "k"] == tuning.choose_sd_k(0.8, toy_profile()).k
+    fig = plots.sd_k_speeds(curve, experiments.variant_summary(SUMMARY).query("base == 'sd'"))
+    assert len(fig.axes) == 1
+    plots.plt.close(fig)
+
+
+def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
+    path = tmp_path / "bench.json"
+    assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+    path.write_text(json.dumps({"args": {"pair": pair.name}, "precision": pair.precisions.as_dict(), "rows": [],
+                                "summary": SUMMARY}))
+    assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
