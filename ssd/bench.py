@@ -118,7 +118,8 @@ def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config,
     for method in order:
         bar.set_postfix_str(f"{answer_id} {method}")
         tokens, row, trace = run_one(method, pair, contexts[method], config, seed=seed)
-        frame = trace.to_frame() if trace.rounds else None
+        # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
+        frame = trace.to_frame().assign(method=method) if trace.rounds else None
         if profile is not None and base_name(method) in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile
             row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
         rows.append({"prompt_id": answer_id, "category": prompt.category, "turn": turn + 1,

@@ -33,10 +33,10 @@ AUTO = "auto"  # the value of k or budget that asks for the choice
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 BUDGETS = (1, 2, 4, 8, 16, 32)
-EVERY = 2  # rounds between two decisions of a run: an answer of 48 tokens has a dozen rounds to move K in
+EVERY = 1  # rounds between two decisions: an answer of 48 tokens has only a dozen rounds to move K in
 # With K or B on auto the prior a_p counts as this many tested tokens (the calibrator's default is 8): a dozen rounds
 # must be enough to carry K from the prior's choice to the text's.
-PRIOR_WEIGHT = 2.0
+PRIOR_WEIGHT = 1.0
 MEMORY = 0.9  # and the acceptance rate follows about the last ten rounds (Calibrator.memory), so K follows the text
 
 

@@ -13,6 +13,7 @@ from ssd.models import tiny_pair
 from ssd.outcomes import Calibrator
 from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
 from ssd.profile import Profile
+from ssd.prompts import load_prompts
 from ssd.ssd import SSDConfig, generate_ssd
 
 
@@ -32,11 +33,11 @@ def test_the_sd_tuner_moves_k_with_the_acceptance_rate():
     calibrator = Calibrator(prior_a_p=0.6, prior_weight=tuning.PRIOR_WEIGHT, memory=tuning.MEMORY)
     tuner = tuning.sd_tuner(DecodeConfig(k="auto", latencies=toy_profile()), calibrator)
     start = tuner.k
-    for _ in range(tuning.EVERY * 20):  # a draft the target always accepts: K climbs to the top
+    for _ in range(tuning.EVERY * 60):  # a draft the target always accepts: K climbs to the top
         calibrator.update(tuner.k, tuner.k, None)
         tuner.step()
     assert tuner.k == max(tuning.SD_KS) > start
-    for _ in range(tuning.EVERY * 20):  # then one that is always rejected: K falls to the bottom
+    for _ in range(tuning.EVERY * 60):  # then one that is always rejected: K falls to the bottom
         calibrator.update(0, tuner.k, None)
         tuner.step()
     assert tuner.k == min(tuning.SD_KS)
@@ -207,3 +208,11 @@ def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
     path.write_text(json.dumps({"args": {"pair": pair.name}, "precision": pair.precisions.as_dict(), "rows": [],
                                 "summary": SUMMARY}))
     assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
+
+
+def test_a_bench_summarises_each_variant_from_its_own_rounds(pair):
+    config = SSDConfig(max_new_tokens=12, fan_out_strategy="calibrated")
+    result = bench.run_bench(pair, load_prompts("humaneval:1"), ["ssd:budget=0", "ssd:budget=8"], config,
+                             progress=False)
+    hit = {s["method"]: s["hit_rate"] for s in result["summary"]}
+    assert hit["ssd:budget=0"] == 0.0 and hit["ssd:budget=8"] > 0.0  # B = 0 never hits; its rounds are its own
