@@ -182,7 +182,7 @@ class Speculator(Proposer):
     verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
     and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
     (fewer near max_new_tokens): the cache is filled for the whole draft. K and B are its tuner's (``ssd.tuning``):
-    the configured ones, or on auto re-decided every few rounds from the calibrator's estimates; a new K applies from
+    the configured ones, or on auto re-decided as the run goes from the calibrator's estimates; a new K applies from
     the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives wherever the draft
     model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
     """
