@@ -37,7 +37,7 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     add_pair_args(p)
-    p.add_argument("-k", type=int_or_auto, default=4, help="draft length K, or auto: chosen for this machine from "
+    p.add_argument("-k", "--k", type=int_or_auto, default=4, help="draft length K, or auto: chosen for this machine from "
                    "its latency profile and the run's acceptance rate, re-decided every few rounds (default 4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")

@@ -156,6 +156,11 @@ def test_method_variants_parse_and_fail_clearly():
 
 
 def test_the_command_line_takes_auto_and_refuses_junk(capsys):
+    from ssd.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--k", "auto", "--budget", "auto"])
+    assert (args.k, args.budget) == ("auto", "auto")
+    assert build_parser().parse_args(["bench", "-k", "6"]).k == 6
     with pytest.raises(SystemExit):
         main(["generate", "--pair", "tiny", "--prompt", "x", "-k", "lots"])
     assert "must be an integer or auto, got 'lots'" in capsys.readouterr().err
