@@ -21,10 +21,11 @@ from .decoding import DecodeConfig, generate_ar
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability, device_name
-from .methods import base_name, resolve
+from .methods import parse_variant, resolve
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
 from .trace import Trace
+from .tuning import on_auto
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
@@ -120,7 +121,7 @@ def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config,
         tokens, row, trace = run_one(method, pair, contexts[method], config, seed=seed)
         # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
         frame = trace.to_frame().assign(method=method) if trace.rounds else None
-        if profile is not None and base_name(method) in ("ssd", "ssd-pipeline"):  # Theorem 7 fed by the profile
+        if profile is not None and _is_ssd(method):  # Theorem 7 fed by the profile
             row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
         rows.append({"prompt_id": answer_id, "category": prompt.category, "turn": turn + 1,
                      "prompt_tokens": len(contexts[method]), "target_dtype": pair.precisions.target,
@@ -186,7 +187,7 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
     for name in tps:
-        if rounds is None or base_name(name) not in ("ssd", "ssd-pipeline"):
+        if rounds is None or not _is_ssd(name):
             continue
         # Theorem 7 from what the method's rounds measured: for ssd, what drafting and verifying on two devices would
         # give; for ssd-pipeline, the prediction to hold against its measured speedup_vs_ar.
@@ -195,7 +196,7 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
         fixed = config is not None and resolve(name, config)[1]
-        if profile is not None and fixed and isinstance(fixed.k, int) and isinstance(fixed.budget, int):
+        if profile is not None and fixed and not on_auto(fixed):
             ssd.update(theorem7_from_profile(profile, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
                                              ssd["e_miss"], fixed.backup))
             if ssd["decode_tokens_per_s"]:
@@ -243,10 +244,15 @@ def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _is_ssd(method: str) -> bool:
+    """An SSD method or a variant of one: its rounds feed Theorem 7."""
+    return parse_variant(method)[0] in ("ssd", "ssd-pipeline")
+
+
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
     """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens (None
     where K or B was on auto and so changed from round to round)."""
-    if not (isinstance(config.k, int) and isinstance(config.budget, int)):
+    if on_auto(config):
         return None
     own = measured_theorem7(rounds)
     return theorem7_from_profile(profile, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],

@@ -20,7 +20,7 @@ from .pipeline import PipelineConfig, close_pipelines, serve_torchrun, stop_unus
 from .prompts import Prompt, encode, first_turns, load_prompts
 from .ssd import BACKUPS, SSDConfig
 from .transport import PipelineError, env_rank
-from .tuning import AUTO, is_auto
+from .tuning import AUTO, is_auto, on_auto
 
 
 def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
@@ -38,7 +38,7 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     add_pair_args(p)
     p.add_argument("-k", "--k", type=int_or_auto, default=4, help="draft length K, or auto: chosen for this machine from "
-                   "its latency profile and the run's acceptance rate, re-decided every few rounds (default 4)")
+                   "its latency profile and the run's acceptance rate, re-decided as the run goes (default 4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     p.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator every draw uses (default 0)")
@@ -177,7 +177,7 @@ def cmd_bench(args) -> None:
     latencies = None
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
         latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
-    if any(is_auto(v) for v in [config.k, config.budget] + [v for m in methods for v in parse_variant(m)[1].values()]):
+    if on_auto(config) or any(is_auto(v) for m in methods for v in parse_variant(m)[1].values()):
         # auto K or B: priced on the profile of the ranks' cores (measured once, then read from the user cache)
         latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
                                                         drafter_cores=args.drafter_cores)

@@ -85,11 +85,6 @@ def resolve(spec: str, config):
     return get_method(name), dataclasses.replace(config, **overrides) if overrides else config
 
 
-def base_name(spec: str) -> str:
-    """The method of a variant: 'ssd-pipeline:k=4' -> 'ssd-pipeline'."""
-    return spec.split(":")[0]
-
-
 def parse_methods(spec: str) -> list[str]:
     """'ar,sd,sd:k=2' -> ['ar', 'sd', 'sd:k=2'], each checked."""
     names = [m.strip() for m in spec.split(",") if m.strip()]

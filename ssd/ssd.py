@@ -27,7 +27,7 @@ from .outcomes import Calibrator, allocate, candidates, check_budget, check_stra
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import check_saguaro_c, probs_from_logits, sample_from_uniform, saguaro, uniforms
 from .trace import SSDRound, Stopwatch, Trace
-from .tuning import MEMORY, PRIOR_WEIGHT, is_auto, ssd_tuner, with_latencies
+from .tuning import MEMORY, PRIOR_WEIGHT, is_auto, on_auto, ssd_tuner, with_latencies
 from .verify import Verdict
 
 BACKUPS = ("jit", "fast")
@@ -194,7 +194,7 @@ class Speculator(Proposer):
         self.backup = (self.drafter if config.backup == "jit" else
                        NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
         self.cache = SpeculationCache()
-        auto = is_auto(config.k) or is_auto(config.budget)
+        auto = on_auto(config)
         tuned = {"prior_weight": PRIOR_WEIGHT, "memory": MEMORY} if auto else {}  # see ssd.tuning
         prior = {"prior_a_p": config.a_p, "prior_r": config.r} | tuned
         self.calibrator = Calibrator(**prior) if auto or config.fan_out_strategy == "calibrated" else None

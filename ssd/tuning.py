@@ -12,11 +12,11 @@ draft forward over n rows (1: a one-token step; B: one depth of the pre-speculat
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
 prior (acceptance rate ``a_p`` of the config weighing ``PRIOR_WEIGHT`` tested tokens, the calibrator's prior miss
-rates), then again every ``EVERY`` rounds
-from the run's own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt
-that moves from code to prose moves its K and B. The latencies are the profile's (``ssd.profile.cached_profile``:
-measured once per machine, pair, precision and core set, then read from the user cache), not the run's own clock:
-the choices then depend only on the tokens, so a seed gives the same output on every run.
+rates), then again every ``EVERY`` rounds from the run's own estimates (the acceptance rate, and for SSD the miss rate
+at each kind of position), so a prompt that moves from code to prose moves its K and B. The latencies are the
+profile's (``ssd.profile.cached_profile``: measured once per machine, pair, precision and core set, then read from the
+user cache), not the run's own clock: the choices then depend only on the tokens, so a seed gives the same output on
+every run.
 """
 from __future__ import annotations
 
@@ -101,13 +101,17 @@ def ssd_tokens_per_s(a_p: float, law: PowerLaw | MissModel, k: int, budget: int,
     return predicted["profile_tokens_per_s"], p_hit
 
 
+def _ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, **options) -> dict:
+    """{(K, B): (predicted tokens/s, hit rate)} over the candidates, K then B ascending."""
+    a_p = _check_rate(a_p, "a_p (the acceptance rate)")
+    ks, budgets = _check_candidates(ks, "ks"), _check_candidates(budgets, "budgets")
+    return {(k, b): ssd_tokens_per_s(a_p, law, k, b, latencies, **options) for k in sorted(ks) for b in sorted(budgets)}
+
+
 def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
                         strategy: str = "geometric", backup: str = "jit", r: float | None = None) -> Choice:
     """The (K, B) of SSD with the most predicted tokens per second (the smaller K, then B, on a tie)."""
-    a_p = _check_rate(a_p, "a_p (the acceptance rate)")
-    ks, budgets = _check_candidates(ks, "ks"), _check_candidates(budgets, "budgets")
-    scored = {(k, b): ssd_tokens_per_s(a_p, law, k, b, latencies, strategy=strategy, backup=backup, r=r)
-              for k in sorted(ks) for b in sorted(budgets)}
+    scored = _ssd_scores(a_p, law, latencies, ks, budgets, strategy=strategy, backup=backup, r=r)
     k, b = max(scored, key=lambda kb: (scored[kb][0], -kb[0], -kb[1]))
     return Choice(k=k, budget=b, tokens_per_s=scored[k, b][0], p_hit=scored[k, b][1])
 
@@ -117,6 +121,11 @@ def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
+
+
+def on_auto(config) -> bool:
+    """Whether the config leaves K or B (where it has one) to the tuner."""
+    return is_auto(config.k) or is_auto(getattr(config, "budget", None))
 
 
 class Tuner:
@@ -162,7 +171,7 @@ def sd_tuner(config, calibrator: Calibrator) -> Tuner:
 
 def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
     """SSD's (K, B): each configured, or on auto the best (Theorem 7) from the calibrator's a_p and miss rates."""
-    if not (is_auto(config.k) or is_auto(config.budget)):
+    if not on_auto(config):
         return Tuner(lambda: Choice(config.k, config.budget, None))
     latencies = _latencies(config)
     ks = SSD_KS if is_auto(config.k) else (config.k,)
@@ -177,7 +186,7 @@ def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
 def with_latencies(pair, config):
     """The config, with the profile of the pair on the config's cores (the user cache's, measured on first use) where
     k or budget is 'auto' and it holds none; otherwise the config as it is."""
-    if config.latencies is not None or not (is_auto(config.k) or is_auto(getattr(config, "budget", None))):
+    if config.latencies is not None or not on_auto(config):
         return config
     from .profile import cached_profile  # measuring needs the models' code; a fixed run never imports it
 
@@ -207,9 +216,6 @@ def ssd_surface(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, bud
                 strategy: str = "calibrated", backup: str = "jit", r: float | None = None):
     """SSD's predicted decode tokens/s and hit rate at each (K, B): one row per pair (columns k, budget,
     tokens_per_s, p_hit), what choose_ssd_k_budget takes the best of."""
-    rows = []
-    for k in ks:
-        for b in budgets:
-            tps, p_hit = ssd_tokens_per_s(a_p, law, k, b, latencies, strategy=strategy, backup=backup, r=r)
-            rows.append({"k": k, "budget": b, "tokens_per_s": tps, "p_hit": p_hit})
-    return pd.DataFrame(rows)
+    scored = _ssd_scores(a_p, law, latencies, ks, budgets, strategy=strategy, backup=backup, r=r)
+    return pd.DataFrame([{"k": k, "budget": b, "tokens_per_s": tps, "p_hit": p_hit}
+                         for (k, b), (tps, p_hit) in scored.items()])
