@@ -445,7 +445,8 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
 # --- latency profile -----------------------------------------------------------------------------------------------
 
 def latency_profile(frame: pd.DataFrame, title: str = ""):
-    """Two panels: the target's pass time against the tokens verified, the draft's forward time against branch rows,
+    """Two panels: the target's pass time against the tokens verified, the draft's time for one depth of the
+    pre-speculation tree (forward and draws) against its branch rows,
     one line per label (e.g. "target bfloat16, draft int8"), each label's memory floor of a
     one-token step dashed in its colour, and the ratio to that one-token step written at the last point. Columns
     label, role (target | draft), n, ms, ratio, floor_ms: `ssd.profile.Profile.to_frame()` with a label."""
@@ -455,7 +456,7 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
         fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.5))
         pal = colours(len(labels))
         for ax, role, xlabel in ((axes[0], "target", "tokens in one verify pass (K + 1)"),
-                                 (axes[1], "draft", "branch rows in one pre-speculation forward (B)")):
+                                 (axes[1], "draft", "branch rows of one pre-speculation depth (B)")):
             for colour, label in zip(pal, labels):
                 g = frame[(frame["label"] == label) & (frame["role"] == role)].sort_values("n")
                 if g.empty:
@@ -468,7 +469,7 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_ylim(bottom=0)
-            ax.set(xlabel=xlabel, ylabel="ms per forward", title=f"{role}")
+            ax.set(xlabel=xlabel, ylabel="ms per pass", title=f"{role}")
             ax.legend(title="dotted: memory floor of one step", fontsize=8, title_fontsize=8)
         if title:
             fig.suptitle(title, fontsize=10)

@@ -1,10 +1,14 @@
 """Latency curves: what every speed-up rests on, measured for a pair at its precisions on the cores each rank has.
 
-Two curves and a floor (``python -m ssd profile``):
+Three curves and a floor (``python -m ssd profile``):
 - the target's pass time against the tokens it verifies (1 to 17, at a context of 128 tokens): SD pays when a pass
   over K + 1 tokens costs about one step, as on a GPU; in float32 on a CPU it costs two or more;
-- the draft's forward time against branch rows (1 to 32), each row a branch node that sees the context and itself,
-  as SSD's tree pre-speculation feeds them: SSD pays when B branches cost about one row;
+- the draft's time for one depth of SSD's tree pre-speculation against its branch rows (1 to 32): the forward over
+  the rows, each a branch node that sees the context and itself, and the draw of each row's next token, timed as
+  ``ssd.ssd.draft_tree`` runs them. SSD pays when B branches cost about one row. At one row it is a draft step;
+- the draft's glue step against the tokens it feeds (as the target's): after a hit SSD feeds t* and the K cached
+  tokens and takes the logits after them before the tree, as ``CachedModel.logits`` does (a pass over all but the
+  last without the output layer, then a one-token step: at 5 tokens half as dear again as one causal pass here);
 - the physical floor beside them: the one-token step that reading every weight once at this core set's measured
   memory bandwidth would take. A step far above its floor is compute- or overhead-bound, not memory-bound.
 
@@ -34,8 +38,14 @@ from .precision import RULE, capability, weight_bytes
 from .theory import sd_speedup
 
 CONTEXT = 128  # tokens already in the KV cache when a pass is timed
-TARGET_TOKENS = (1, 2, 3, 5, 9, 17)  # K + 1 for K = 0, 1, 2, 4, 8, 16
-DRAFT_ROWS = (1, 2, 4, 8, 16, 32)  # branch rows of one pre-speculation forward (budget B)
+# K + 1 for K = 0..8, every draft length the tuner weighs (here a pass over 4 tokens cost what one over 5 did, 6%
+# above the line between 3 and 5), and for K = 16
+TARGET_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)
+DRAFT_ROWS = (1, 2, 4, 8, 16, 32)  # branch rows of one depth of the pre-speculation tree (budget B)
+TREE_DEPTHS = 2  # depths of the tree each timing of draft_tree drafts (its time is given per depth)
+# 2: the draft's rows timed as draft_tree runs them, draw included (a bare forward left out the draw over the
+# vocabulary, 40% of a depth at 32 rows on this project's CPUs), and the glue step added
+VERSION = 2
 BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
 
 
@@ -50,34 +60,82 @@ def branch_mask(context: int, rows: int, dtype) -> torch.Tensor:
     return mask[None, None]
 
 
-@torch.inference_mode()
-def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> dict[int, float]:
-    """Median milliseconds of one forward over n new tokens after `context` cached tokens, for each n in sizes.
-
-    branches=False: a causal run of n tokens (a verify pass over K + 1 = n tokens); True: n branch nodes at one
-    depth, each seeing the context and itself (one forward of SSD's tree pre-speculation over B = n rows). The sizes
+def _round_robin_ms(sizes, reps: int, device, run, undo=lambda n: None) -> dict[int, float]:
+    """Median milliseconds of run(n) for each n in sizes; undo(n), untimed, puts the state back after each. The sizes
     are timed round-robin, one warm-up round first, so that a slow spell of the machine falls on all of them alike:
-    the ratios between sizes are what a curve is for.
-    """
-    device = model.device
-    vocab = min(model.config.vocab_size, 30_000)
-    ids = (torch.arange(context + max(sizes)) * 7919 % vocab)[None].to(device)  # any fixed tokens: time is what counts
-    cache = DynamicCache(config=model.config)
-    model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
-    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+    the ratios between sizes are what a curve is for."""
     times = {n: [] for n in sizes}
     for rep in range(reps + 1):
         for n in sizes:
-            extra = dict(attention_mask=branch_mask(context, n, dtype).to(device),
-                         position_ids=torch.full((1, n), context, device=device)) if branches else {}
             synchronize(device)
             start = time.perf_counter()
-            model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n, **extra)
+            run(n)
             synchronize(device)
             if rep:
                 times[n].append(time.perf_counter() - start)
-            cache.crop(-n)
+            undo(n)
     return {n: 1000 * statistics.median(t) for n, t in times.items()}
+
+
+def _fixed_ids(model, length: int) -> torch.Tensor:
+    """Any fixed tokens of the model's vocabulary: time is what counts."""
+    return torch.arange(length) * 7919 % min(model.config.vocab_size, 30_000)
+
+
+@torch.inference_mode()
+def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> dict[int, float]:
+    """Median milliseconds of one forward over n new tokens after `context` cached tokens, for each n in sizes
+    (``_round_robin_ms``).
+
+    branches=False: a causal run of n tokens (a verify pass over K + 1 = n tokens); True: n branch nodes at one
+    depth, each seeing the context and itself (a bare forward of SSD's tree pre-speculation over B = n rows).
+    """
+    device = model.device
+    ids = _fixed_ids(model, context + max(sizes))[None].to(device)
+    cache = DynamicCache(config=model.config)
+    model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+    extra = {n: dict(attention_mask=branch_mask(context, n, dtype).to(device),
+                     position_ids=torch.full((1, n), context, device=device)) if branches else {} for n in sizes}
+
+    def run(n):
+        model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n, **extra[n])
+
+    return _round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
+
+
+@torch.inference_mode()
+def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths: int = TREE_DEPTHS
+                  ) -> dict[int, float]:
+    """Median milliseconds of one depth of SSD's tree pre-speculation over n branch rows after `context` cached
+    tokens, for each n in rows: ``ssd.ssd.draft_tree`` itself, `depths` deep, per depth (its forwards over the rows
+    with their tree masks, each row's draw from its distribution at temperature 1, the drafts handed back; the tree
+    leaves the cache as it found it)."""
+    from .cached_model import CachedModel  # the draft's side of a round, as SSD runs it
+    from .ssd import draft_tree
+
+    draft = CachedModel(model)
+    ids = _fixed_ids(model, context + max(rows)).tolist()
+    draft.extend(ids[:context])
+    u, fan_out = torch.full((depths,), 0.5, dtype=torch.float64), [0] * (depths + 1)
+
+    def run(n):  # n branches, each after the whole context
+        draft_tree(draft, context, [(0, t) for t in ids[context : context + n]], u, 1.0, 1.0, fan_out)
+
+    return {n: ms / depths for n, ms in _round_robin_ms(rows, reps, model.device, run).items()}
+
+
+@torch.inference_mode()
+def glue_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int, float]:
+    """Median milliseconds of SSD's glue step over n new tokens after `context` cached ones, for each n in sizes:
+    ``CachedModel.logits(keep=1)``, as ``ssd.ssd.branch_drafts`` calls it."""
+    from .cached_model import CachedModel
+
+    draft = CachedModel(model)
+    ids = _fixed_ids(model, context + max(sizes)).tolist()
+    draft.extend(ids[:context])
+    return _round_robin_ms(sizes, reps, model.device, lambda n: draft.logits(ids[: context + n], keep=1),
+                           undo=lambda n: draft.rollback(context))
 
 
 def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> float:
@@ -115,7 +173,8 @@ def step_bytes(model) -> int:
 
 @dataclass
 class Profile:
-    """Latency curves of one pair at its precisions: ms per forward, keyed by tokens (target) or rows (draft)."""
+    """Latency curves of one pair at its precisions: ms per pass, keyed by tokens (target, glue) or rows (draft: one
+    depth of the pre-speculation tree)."""
 
     pair: str
     precisions: dict  # ssd.precision.Precisions.as_dict()
@@ -124,15 +183,18 @@ class Profile:
     drafter_cores: list[int]
     context: int
     target_ms: dict[int, float]  # verify pass over n tokens
-    draft_ms: dict[int, float]  # tree forward over n branch rows
+    draft_ms: dict[int, float]  # one depth of the pre-speculation tree over n branch rows, draws included
     bandwidth_gbs: dict[str, float]  # per rank's core set: {"target": .., "draft": ..}
     step_bytes: dict[str, int]
     measured_at: str = ""
+    glue_ms: dict[int, float] | None = None  # the draft's glue step over n new tokens; None: stored before v2
 
     def __post_init__(self):
         # JSON keys come back as strings
         self.target_ms = {int(n): float(v) for n, v in self.target_ms.items()}
         self.draft_ms = {int(n): float(v) for n, v in self.draft_ms.items()}
+        if self.glue_ms is not None:
+            self.glue_ms = {int(n): float(v) for n, v in self.glue_ms.items()}
 
     def floor_ms(self, role: str) -> float:
         """The one-token step of reading every weight once at the measured bandwidth."""
@@ -143,17 +205,26 @@ class Profile:
         return _interp(self.target_ms, tokens)
 
     def draft_at(self, rows: float) -> float:
-        """ms of one draft forward over `rows` branch rows, interpolated between the measured points."""
+        """ms of one depth of the pre-speculation tree over `rows` branch rows (1: a draft step), interpolated."""
         return _interp(self.draft_ms, rows)
 
+    def glue_at(self, tokens: float) -> float:
+        """ms of SSD's glue step over `tokens` new tokens (the draft's logits after them), interpolated. A profile
+        stored before this curve was measured prices it as one draft step, as Theorem 7 then did."""
+        return _interp(self.glue_ms, tokens) if self.glue_ms else self.draft_at(1)
+
     def to_frame(self) -> pd.DataFrame:
-        """One row per (role, n): ms, ratio to the one-token step, and the floor of that step."""
+        """One row per (role, n): ms, ratio to the one-token step, and the floor of that step (role glue: the draft's
+        glue step, where the profile has it)."""
         rows = []
-        for role, curve in (("target", self.target_ms), ("draft", self.draft_ms)):
+        curves = [("target", self.target_ms), ("draft", self.draft_ms)]
+        curves += [("glue", self.glue_ms)] if self.glue_ms else []
+        for role, curve in curves:
+            model = "draft" if role == "glue" else role
             one = curve[min(curve)]
             for n, ms in sorted(curve.items()):
-                rows.append({"role": role, "precision": self.precisions[role], "n": n, "ms": ms, "ratio": ms / one,
-                             "floor_ms": self.floor_ms(role)})
+                rows.append({"role": role, "precision": self.precisions[model], "n": n, "ms": ms, "ratio": ms / one,
+                             "floor_ms": self.floor_ms(model)})
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
@@ -175,27 +246,32 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
             context: int = CONTEXT, reps: int = 5, progress: bool = True) -> Profile:
     """Time the target on the verifier's cores and the draft on the drafter's, one after the other."""
     v_cores, d_cores = check_cores(verifier_cores, "verifier_cores"), check_cores(drafter_cores, "drafter_cores")
-    if context + max(max(tokens), max(rows)) > pair.max_context:
+    if context + max(max(tokens), TREE_DEPTHS * max(rows)) > pair.max_context:
         raise ValueError(f"context={context} plus the largest pass does not fit the pair's {pair.max_context} tokens")
-    bar = tqdm(total=len(tokens) + len(rows), desc="profile", disable=not progress)
-    curves, bandwidth = {}, {}
-    for role, model, cores, sizes, branches in (("target", pair.target, v_cores, tokens, False),
-                                                ("draft", pair.draft, d_cores, rows, True)):
-        with pinned(cores):
-            bandwidth[role] = memory_bandwidth_gbs()
-            bar.set_postfix_str(role)
-            curves[role] = curve_ms(model, sizes, context=context, reps=reps, branches=branches)
-            bar.update(len(sizes))
+    bar = tqdm(total=2 * len(tokens) + len(rows), desc="profile", disable=not progress)
+    bandwidth = {}
+    with pinned(v_cores):
+        bandwidth["target"] = memory_bandwidth_gbs()
+        bar.set_postfix_str("target")
+        target = curve_ms(pair.target, tokens, context=context, reps=reps)
+        bar.update(len(tokens))
+    with pinned(d_cores):
+        bandwidth["draft"] = memory_bandwidth_gbs()
+        bar.set_postfix_str("draft")
+        tree = tree_depth_ms(pair.draft, rows, context=context, reps=reps)
+        bar.update(len(rows))
+        glue = glue_ms(pair.draft, tokens, context=context, reps=reps)
+        bar.update(len(tokens))
     bar.close()
-    return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, curves["target"],
-                   curves["draft"], bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
-                   time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, target, tree,
+                   bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
+                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue)
 
 
 def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
                  rows=DRAFT_ROWS):
     cap = capability()
-    key = json.dumps([RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
+    key = json.dumps([VERSION, RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
                       cap["cpu"], cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
                       check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

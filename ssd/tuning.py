@@ -1,14 +1,16 @@
 """Choosing K (and B) for the machine: the draft length and budget that maximise predicted tokens per second.
 
-The predictions combine the closed forms of ``ssd.theory`` with measured latencies, anything with the two curves of
-a ``ssd.profile.Profile``: ``target_at(n)``, the ms of a verify pass over n tokens, and ``draft_at(n)``, the ms of a
-draft forward over n rows (1: a one-token step; B: one depth of the pre-speculation tree).
+The predictions combine the closed forms of ``ssd.theory`` with measured latencies, anything with the three curves
+of a ``ssd.profile.Profile``: ``target_at(n)``, the ms of a verify pass over n tokens; ``draft_at(n)``, the ms of one
+depth of the pre-speculation tree over n rows, draws included (1: a draft step); ``glue_at(n)``, SSD's glue
+step over n new tokens (the draft's logits after them).
 
 - SD (Leviathan et al., Sec. 3): a round drafts K tokens and verifies K + 1 in one pass, and yields
   E = (1 - a^(K+1)) / (1 - a) tokens: K maximises E / (K draft_at(1) + target_at(K + 1)).
 - SSD (Theorem 7): the hit rate a budget B buys follows from the outcome probabilities P(k) at acceptance rate a_p,
   the fan-out F_0..F_K a strategy gives B, and the miss rate's power law c F^(-r) (``ssd.outcomes.PowerLaw``);
-  pre-speculation costs a glue step and K tree depths over B rows, a jit backup K one-token steps.
+  pre-speculation costs a glue step over the K + 1 tokens a hit leaves unfed and K tree depths over B rows, a jit
+  backup K one-token steps.
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
 prior (acceptance rate ``a_p`` of the config weighing ``PRIOR_WEIGHT`` tested tokens, the calibrator's prior miss

@@ -53,7 +53,9 @@ def test_forward_ms_times_a_pass_and_leaves_no_state(pair):
 def test_measure_gives_curves_ratios_and_a_floor(pair):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     assert sorted(p.target_ms) == [1, 2, 5] and sorted(p.draft_ms) == [1, 4, 8]
+    assert sorted(p.glue_ms) == [1, 2, 5] and p.glue_at(2) == p.glue_ms[2]
     frame = p.to_frame()
+    assert set(frame.role) == {"target", "draft", "glue"}
     assert list(frame.columns) == ["role", "precision", "n", "ms", "ratio", "floor_ms"]
     assert (frame[frame.n == 1].ratio == 1.0).all() and (frame.ms > 0).all() and (frame.floor_ms > 0).all()
     assert p.bandwidth_gbs["target"] > 0 and p.step_bytes["target"] > 0
@@ -68,6 +70,38 @@ def test_profile_round_trips_through_json(pair, tmp_path):
     prof.save(p, tmp_path / "p.json")
     back = prof.load(tmp_path / "p.json")
     assert back.target_ms == p.target_ms and back.draft_ms == p.draft_ms and back.floor_ms("draft") == p.floor_ms("draft")
+    assert back.glue_ms == p.glue_ms
+
+
+def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
+    """One depth of the curve is draft_tree itself (the draws included), run TREE_DEPTHS deep over n branches that
+    each see the whole context; the cache is left as it was."""
+    from ssd import ssd as ssd_module
+
+    calls = []
+    real = ssd_module.draft_tree
+
+    def spy(draft, prefix_len, outcomes, u, *rest):
+        calls.append((draft.length, prefix_len, len(outcomes), len(u)))
+        out = real(draft, prefix_len, outcomes, u, *rest)
+        assert draft.length == prefix_len  # rolled back
+        return out
+
+    monkeypatch.setattr(ssd_module, "draft_tree", spy)
+    ms = prof.tree_depth_ms(pair.draft, (1, 4), context=16, reps=1)
+    assert sorted(ms) == [1, 4] and all(v > 0 for v in ms.values())
+    assert calls and {c[2] for c in calls} == {1, 4}
+    assert all(c[:2] == (16, 16) and c[3] == prof.TREE_DEPTHS for c in calls)
+
+
+def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
+    p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
+    old = p.to_dict()
+    del old["glue_ms"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    back = prof.load(tmp_path / "old.json")
+    assert back.glue_ms is None and back.glue_at(5) == back.draft_at(1)  # the glue priced as one step
+    assert "glue" not in set(back.to_frame().role)
 
 
 def test_cached_profile_measures_once_per_core_set(pair, monkeypatch, private_cache):
@@ -79,10 +113,11 @@ def test_cached_profile_measures_once_per_core_set(pair, monkeypatch, private_ca
     assert len(list((private_cache / "profiles").glob("*.json"))) == 1
 
 
-def synthetic_profile(verify_ms=400.0, draft_ms=50.0, rows_ms=80.0) -> Profile:
+def synthetic_profile(verify_ms=400.0, draft_ms=50.0, rows_ms=80.0, pass_ms=None) -> Profile:
     return Profile("p", {"target": "bfloat16", "draft": "int8"}, {}, [0], [1], 128,
                    {1: verify_ms, 5: verify_ms, 9: verify_ms}, {1: draft_ms, 4: rows_ms, 8: rows_ms},
-                   {"target": 10.0, "draft": 10.0}, {"target": 3e9, "draft": 5e8})
+                   {"target": 10.0, "draft": 10.0}, {"target": 3e9, "draft": 5e8},
+                   glue_ms=None if pass_ms is None else {1: draft_ms, 5: pass_ms, 9: pass_ms})
 
 
 def test_theorem7_from_a_profile():
@@ -95,6 +130,12 @@ def test_theorem7_from_a_profile():
     assert free["profile_tokens_per_s"] == pytest.approx(5 / 0.4)  # every round a hit, drafting free: E per verify
     fast = theorem7_from_profile(synthetic_profile(), 4, 4, 0.5, 4.0, 2.0, backup="fast")
     assert fast["profile_t_b"] == 0.0
+    slow = theorem7_from_profile(synthetic_profile(rows_ms=150.0), k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0)
+    t_p, t_b = slow["profile_t_p"], slow["profile_t_b"]
+    assert t_p > 1 and slow["profile_tokens_per_verify"] == pytest.approx(3.7 / (t_p + 0.3 * t_b))  # a miss waits too
+    glue = theorem7_from_profile(synthetic_profile(pass_ms=70.0), k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0)
+    assert glue["profile_t_p"] == pytest.approx((70 + 4 * 80) / 400)  # after a hit the glue feeds t* and K tokens
+    assert glue["profile_t_b"] == pytest.approx(4 * 50 / 400)
 
 
 def test_regime_reads_v_and_c_off_the_curves():

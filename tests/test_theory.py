@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from ssd.bench import summarize
-from ssd.theory import expected_tokens, measured_theorem7, sd_speedup, theorem7_speedup
+from ssd.theory import expected_tokens, measured_theorem7, pipelined_speedup, sd_speedup, theorem7_speedup
 
 
 def test_expected_tokens_per_round():
@@ -27,6 +27,15 @@ def test_corollary_8_ssd_with_sds_drafter_is_never_slower_than_sd(p_hit, c, a):
     e = expected_tokens(a, k)
     # Primary and backup are SD's drafter: pre-speculating one branch or drafting just in time both cost c K.
     assert theorem7_speedup(p_hit, e, e, t_p=c * k, t_b=c * k) >= sd_speedup(a, k, c) - 1e-12
+
+
+@pytest.mark.parametrize("p_hit", [0.0, 0.4, 1.0])
+def test_the_pipelined_form_is_theorem7_until_pre_speculation_outlasts_the_verify_pass(p_hit):
+    for t_p in (0.3, 1.0):
+        assert pipelined_speedup(p_hit, 4.0, 3.0, t_p, 0.5) == pytest.approx(theorem7_speedup(p_hit, 4.0, 3.0, t_p, 0.5))
+    slower = pipelined_speedup(p_hit, 4.0, 3.0, 1.5, 0.5)
+    assert slower == pytest.approx((p_hit * 4 + (1 - p_hit) * 3) / (1.5 + (1 - p_hit) * 0.5))  # a miss waits for it
+    assert slower <= theorem7_speedup(p_hit, 4.0, 3.0, 1.5, 0.5) + 1e-12
 
 
 def rounds_frame():

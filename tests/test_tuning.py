@@ -15,7 +15,7 @@ LAW = PowerLaw(c=0.3, r=1.2)
 @dataclass(frozen=True)
 class Latencies:
     """ms of a verify pass over n tokens: verify_ms (1 + verify_slope (n - 1)); of a draft forward over n rows:
-    draft_ms (1 + draft_slope (n - 1))."""
+    draft_ms (1 + draft_slope (n - 1)), and a glue step over n tokens the same."""
 
     verify_ms: float = 100.0
     verify_slope: float = 0.05  # a GPU-like pass: K + 1 tokens cost about one step
@@ -27,6 +27,9 @@ class Latencies:
 
     def draft_at(self, n):
         return self.draft_ms * (1 + self.draft_slope * (n - 1))
+
+    def glue_at(self, n):
+        return self.draft_at(n)
 
 
 def test_sd_prediction_is_tokens_per_round_over_its_time():
