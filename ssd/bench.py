@@ -336,19 +336,28 @@ def _mean_and_ci(mean, ci, digits: int) -> str:
     return f"{mean:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
 
 
+def stored(path: str, pair) -> dict | None:
+    """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it exists and was measured on this pair
+    at these precisions, with "source": the path; otherwise None."""
+    if not (path and os.path.exists(path)):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    if result.get("args", {}).get("pair") == pair.name and result.get("precision") == pair.precisions.as_dict():
+        return result | {"source": path}
+    return None
+
+
 def stored_or_run(path: str, pair, prompts, methods: list[str], config: DecodeConfig, *, measure_missing: bool,
                   progress: bool = True) -> dict | None:
-    """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it was measured on this pair at these
-    precisions; otherwise the same methods run here on `prompts` (not written), or None where nothing is stored and
-    not measure_missing. A result carries "source": the path, or "measured here". A notebook shows a long stored
-    bench, and still runs on another pair."""
-    exists = bool(path) and os.path.exists(path)
-    if exists:
-        with open(path) as f:
-            stored = json.load(f)
-        if stored.get("args", {}).get("pair") == pair.name and stored.get("precision") == pair.precisions.as_dict():
-            return stored | {"source": path}
-    elif not measure_missing:
+    """The bench result stored at `path` if it was measured on this pair at these precisions (``stored``); otherwise
+    the same methods run here on `prompts` (not written), or None where nothing is stored and not measure_missing. A
+    result carries "source": the path, or "measured here". A notebook shows a long stored bench, and still runs on
+    another pair."""
+    found = stored(path, pair)
+    if found is not None:
+        return found
+    if not (path and os.path.exists(path)) and not measure_missing:
         return None
     result = run_bench(pair, prompts, methods, config, progress=progress)
     return result | {"source": "measured here", "precision": pair.precisions.as_dict()}

@@ -213,6 +213,9 @@ def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
     path.write_text(json.dumps({"args": {"pair": pair.name}, "precision": pair.precisions.as_dict(), "rows": [],
                                 "summary": SUMMARY}))
     assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
+    assert bench.stored(str(path), pair)["source"] == str(path) and bench.stored(str(tmp_path / "none.json"), pair) is None
+    path.write_text(json.dumps({"args": {"pair": "another"}, "precision": pair.precisions.as_dict(), "summary": []}))
+    assert bench.stored(str(path), pair) is None  # measured on another pair: not this one's
 
 
 def test_a_bench_summarises_each_variant_from_its_own_rounds(pair):
