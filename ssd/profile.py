@@ -5,7 +5,7 @@ Three curves and a floor (``python -m ssd profile``):
   over K + 1 tokens costs about one step, as on a GPU; in float32 on a CPU it costs two or more;
 - the draft's time for one depth of SSD's tree pre-speculation against its branch rows (1 to 32): the forward over
   the rows, each a branch node that sees the context and itself, and the draw of each row's next token, timed as
-  ``ssd.ssd.draft_tree`` runs them. SSD pays when B branches cost about one row. At one row it is a draft step;
+  ``ssd.tree.draft_tree`` runs them. SSD pays when B branches cost about one row. At one row it is a draft step;
 - the draft's glue step against the tokens it feeds (as the target's): after a hit SSD feeds t* and the K cached
   tokens and takes the logits after them before the tree, as ``CachedModel.logits`` does (a pass over all but the
   last without the output layer, then a one-token step: at 5 tokens half as dear again as one causal pass here);
@@ -108,11 +108,11 @@ def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: b
 def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths: int = TREE_DEPTHS
                   ) -> dict[int, float]:
     """Median milliseconds of one depth of SSD's tree pre-speculation over n branch rows after `context` cached
-    tokens, for each n in rows: ``ssd.ssd.draft_tree`` itself, `depths` deep, per depth (its forwards over the rows
+    tokens, for each n in rows: ``ssd.tree.draft_tree`` itself, `depths` deep, per depth (its forwards over the rows
     with their tree masks, each row's draw from its distribution at temperature 1, the drafts handed back; the tree
     leaves the cache as it found it)."""
     from .cached_model import CachedModel  # the draft's side of a round, as SSD runs it
-    from .ssd import draft_tree
+    from .tree import draft_tree
 
     draft = CachedModel(model)
     ids = _fixed_ids(model, context + max(rows)).tolist()

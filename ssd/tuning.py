@@ -7,10 +7,10 @@ step over n new tokens (the draft's logits after them).
 
 - SD (Leviathan et al., Sec. 3): a round drafts K tokens and verifies K + 1 in one pass, and yields
   E = (1 - a^(K+1)) / (1 - a) tokens: K maximises E / (K draft_at(1) + target_at(K + 1)).
-- SSD (Theorem 7): the hit rate a budget B buys follows from the outcome probabilities P(k) at acceptance rate a_p,
-  the fan-out F_0..F_K a strategy gives B, and the miss rate's power law c F^(-r) (``ssd.outcomes.PowerLaw``);
-  pre-speculation costs a glue step over the K + 1 tokens a hit leaves unfed and K tree depths over B rows, a jit
-  backup K one-token steps.
+- SSD (Theorem 7, in the form of this kit's pipeline: ``ssd.theory.pipelined_speedup``): the hit rate a budget B buys
+  follows from the outcome probabilities P(k) at acceptance rate a_p, the fan-out F_0..F_K a strategy gives B, and the
+  miss rate at each kind of position (``ssd.outcomes.MissModel``); pre-speculation costs a glue step over the K + 1
+  tokens a hit leaves unfed and K tree depths over B rows, a jit backup K one-token steps.
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
 prior (acceptance rate ``a_p`` of the config weighing ``PRIOR_WEIGHT`` tested tokens, the calibrator's prior miss

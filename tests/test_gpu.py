@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ssd.ssd
+import ssd.tree
 from ssd.devices import accelerator, resolve_device
 from ssd.lossless import ALPHA, distribution_check, greedy_identical
 from ssd.models import load_pair, tiny_pair
@@ -90,8 +91,8 @@ def test_the_tree_mask_is_made_on_the_device_in_the_models_dtype(monkeypatch):
         made.append((mask.dtype, mask.device.type))
         return mask
 
-    real = ssd.ssd.tree_mask
-    monkeypatch.setattr(ssd.ssd, "tree_mask", spy)
+    real = ssd.tree.tree_mask
+    monkeypatch.setattr(ssd.tree, "tree_mask", spy)
     for branch, alone in tree_and_alone(draft):
         # Each branch's first row against the same position drafted alone, both at the reduced precision: they
         # differ by rounding only (float32 above checks every row and token exactly).

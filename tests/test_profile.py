@@ -76,10 +76,10 @@ def test_profile_round_trips_through_json(pair, tmp_path):
 def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
     """One depth of the curve is draft_tree itself (the draws included), run TREE_DEPTHS deep over n branches that
     each see the whole context; the cache is left as it was."""
-    from ssd import ssd as ssd_module
+    from ssd import tree as tree_module
 
     calls = []
-    real = ssd_module.draft_tree
+    real = tree_module.draft_tree
 
     def spy(draft, prefix_len, outcomes, u, *rest):
         calls.append((draft.length, prefix_len, len(outcomes), len(u)))
@@ -87,7 +87,7 @@ def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
         assert draft.length == prefix_len  # rolled back
         return out
 
-    monkeypatch.setattr(ssd_module, "draft_tree", spy)
+    monkeypatch.setattr(tree_module, "draft_tree", spy)
     ms = prof.tree_depth_ms(pair.draft, (1, 4), context=16, reps=1)
     assert sorted(ms) == [1, 4] and all(v > 0 for v in ms.values())
     assert calls and {c[2] for c in calls} == {1, 4}

@@ -7,6 +7,7 @@ import torch
 
 import ssd.proposers
 import ssd.ssd
+import ssd.tree
 from ssd.cache import SpeculationCache
 from ssd.decoding import generate_ar
 from ssd.models import tiny_pair
@@ -143,7 +144,7 @@ def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(m
         return real(q**3, u)
 
     monkeypatch.setattr(ssd.proposers, "sample_from_uniform", sharpened)
-    monkeypatch.setattr(ssd.ssd, "sample_from_uniform", sharpened)
+    monkeypatch.setattr(ssd.tree, "sample_from_uniform", sharpened)  # the tree pre-speculation draws there
     assert sampled_fit(dict(budget=6, saguaro_c=0.2, backup="jit")) < ALPHA
 
 
