@@ -3,6 +3,10 @@
 Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt (each turn
 of a Spec-Bench row) before the next starts, and the order of methods rotates from answer to answer so no method
 always runs first. Beside one summary per method, the bench reports per category as Spec-Bench does (by_category).
+
+A long bench is resumable: with a checkpoint file it writes every finished prompt's rows there (atomically), and a
+run of the same arguments that finds the file skips those prompts. Side by side stays per prompt, so the ratios hold;
+SSD's carried estimates (``ssd.tuning.carried_calibrator``) start again from the prior where a run resumes.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -18,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .decoding import DecodeConfig, generate_ar
+from .files import write_json
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability, device_name
@@ -74,7 +80,7 @@ def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
 
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
-              profile=None) -> dict:
+              profile=None, checkpoint: str | None = None) -> dict:
     """Returns {"rows": [...], "summary": [...], "categories": [...]}: one row per (method, generated answer), one
     summary row per method, and the per-category report (by_category).
 
@@ -84,15 +90,20 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     turn before the next turn starts, in an order rotated from answer to answer; answer j uses seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
-    latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it.
+    latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it. checkpoint: a path where
+    the rows so far are kept after each prompt, and read back by a later run of the same arguments, which goes on
+    from the next prompt (the caller removes it once the result is safe).
     """
     for p in prompts:  # a template that rewrites answers fails here, not after minutes of decoding
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
-    warm_up(pair, encode(pair.tokenizer, prompts[0]), methods, config)
-    rows, rounds = [], []
-    bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), desc="bench", disable=not progress)
-    j = 0  # the answer's index over the whole run
-    for prompt in prompts:
+    identity = _identity(pair, prompts, methods, config, seed)
+    rows, rounds, done = _resume(checkpoint, identity)
+    j = sum(len(p.turns) for p in prompts[:done])  # the answer's index over the whole run
+    bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), initial=j * len(methods), desc="bench",
+               disable=not progress)
+    if done < len(prompts):
+        warm_up(pair, encode(pair.tokenizer, prompts[done]), methods, config)
+    for n, prompt in enumerate(prompts[done:], start=done):
         answers = {method: [] for method in methods}  # each method's own answers so far: its next turn's context
         for turn in range(len(prompt.turns)):
             contexts = {method: encode(pair.tokenizer, prompt, answers[method]) for method in methods}
@@ -105,10 +116,37 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
                     rounds.append(frame)
             rows += turn_rows
             j += 1
+        if checkpoint:
+            write_json(checkpoint, {"identity": identity, "prompts_done": n + 1, "rows": rows,
+                                    "rounds": [r for f in rounds for r in f.to_dict("records")]})
     bar.close()
     frame = pd.DataFrame(rows)
     summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
     return {"rows": rows, "summary": summary, "categories": by_category(frame)}
+
+
+def _identity(pair, prompts, methods: list[str], config: DecodeConfig, seed: int) -> dict:
+    """What a checkpoint must match to be resumed: the pair and its precisions, the prompts, methods, seed and every
+    setting (the latency profile apart: a resumed run may read it from the cache again)."""
+    settings = {f.name: repr(getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "latencies"}
+    return {"pair": pair.name, "precisions": pair.precisions.label, "prompts": [p.id for p in prompts],
+            "methods": list(methods), "seed": seed, "config": settings}
+
+
+def _resume(checkpoint: str | None, identity: dict) -> tuple[list[dict], list[pd.DataFrame], int]:
+    """The rows, round frames and number of prompts a checkpoint holds (none if there is no file)."""
+    if not checkpoint or not os.path.exists(checkpoint):
+        return [], [], 0
+    with open(checkpoint) as f:
+        state = json.load(f)
+    if state.get("identity") != identity:
+        differ = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
+        raise ValueError(f"checkpoint {checkpoint} holds a bench of other arguments ({', '.join(differ)} differ): "
+                         "remove it to start afresh, or run the same arguments to resume")
+    rounds = pd.DataFrame(state["rounds"])
+    print(f"[bench] resuming from {checkpoint}: {state['prompts_done']} of {len(identity['prompts'])} prompts done",
+          file=sys.stderr)
+    return state["rows"], [rounds] if len(rounds) else [], state["prompts_done"]
 
 
 def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):

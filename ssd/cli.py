@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 
+import pandas as pd
 import torch
 
 from . import bench, course, experiments, gpu_check, profile, sweep
@@ -89,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default humaneval:8)")
     b.add_argument("--first-turns", action="store_true", help="answer only each prompt's first turn (by default a "
                    "Spec-Bench row's later turns are answered too, each after the answer before it)")
-    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here")
+    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here; "
+                   "meanwhile JSON.partial keeps the prompts done, and a rerun of the same command resumes from it")
+    b.add_argument("--csv", default=None, help="also write the rows (one per method and answer) here")
 
     h = sub.add_parser("hit-rates", help="SSD hit rate against the budget B for each fan-out strategy, with 95%% CIs")
     add_decoding_args(h)
@@ -182,14 +185,19 @@ def cmd_bench(args) -> None:
         latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
                                                         drafter_cores=args.drafter_cores)
         config = dataclasses.replace(config, latencies=latencies)
-    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies)
+    checkpoint = f"{args.json}.partial" if args.json else None
+    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))
     print()
     print(bench.category_table(result["categories"]))
+    if args.csv:
+        write_csv(pd.DataFrame(result["rows"]), args.csv)
+        print(f"wrote {args.csv}", file=sys.stderr)
     if args.json:
         write_json(args.json, result)
+        os.remove(checkpoint)  # the result is safe: a rerun measures afresh
         print(f"wrote {args.json}", file=sys.stderr)
 
 

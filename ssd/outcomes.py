@@ -131,7 +131,9 @@ class Calibrator:
     it the empirical rate. The prior's r is prior_r at both kinds; its c is higher at a recovered position
     (prior_c_recovered), where the draft has just been wrong, than at the bonus one (prior_c_bonus). ``r`` is the
     power law fitted to all ranks (``fit_power_law``), the prior r until `min_rounds` ranks are seen: what the trace
-    reports; the allocation reads the per-kind rates.
+    reports; the allocation reads the per-kind rates. With a `window` only the last that many ranks of each kind
+    count, so that a calibrator kept over many answers (``ssd.tuning.carried_calibrator``) follows the text and its
+    tables stay cheap to build.
     """
 
     prior_a_p: float = 0.6
@@ -143,6 +145,7 @@ class Calibrator:
     min_rounds: int = 8
     max_f: int = 32
     memory: float = 1.0
+    window: int | None = None
     accepted: float = 0
     tested: float = 0
     ranks: dict = field(default_factory=lambda: {kind: [] for kind in KINDS})
@@ -154,7 +157,10 @@ class Calibrator:
         self.accepted += accepted
         self.tested += accepted + (1 if accepted < draft_len else 0)
         if rank is not None:
-            self.ranks[position_kind(accepted, draft_len)].append(rank)
+            ranks = self.ranks[position_kind(accepted, draft_len)]
+            ranks.append(rank)
+            if self.window is not None and len(ranks) > self.window:
+                del ranks[0]
 
     @property
     def a_p(self) -> float:

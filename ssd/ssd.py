@@ -27,7 +27,7 @@ from .outcomes import Calibrator, allocate, candidates, check_budget, check_stra
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import check_saguaro_c, uniforms
 from .trace import SSDRound, Stopwatch, Trace
-from .tuning import MEMORY, PRIOR_WEIGHT, is_auto, on_auto, ssd_tuner, with_latencies
+from .tuning import carried_calibrator, is_auto, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
@@ -122,7 +122,8 @@ class Speculator(Proposer):
     verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
     and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
     (fewer near max_new_tokens): the cache is filled for the whole draft. K and B are its tuner's (``ssd.tuning``):
-    the configured ones, or on auto re-decided as the run goes from the calibrator's estimates; a new K applies from
+    the configured ones, or on auto re-decided as the run goes from the calibrator's estimates (carried over the
+    answers of the process: ``ssd.tuning.carried_calibrator``); a new K applies from
     the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives wherever the draft
     model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
     """
@@ -134,10 +135,12 @@ class Speculator(Proposer):
         self.backup = (self.drafter if config.backup == "jit" else
                        NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
         self.cache = SpeculationCache()
-        auto = on_auto(config)
-        tuned = {"prior_weight": PRIOR_WEIGHT, "memory": MEMORY} if auto else {}  # see ssd.tuning
-        prior = {"prior_a_p": config.a_p, "prior_r": config.r} | tuned
-        self.calibrator = Calibrator(**prior) if auto or config.fan_out_strategy == "calibrated" else None
+        if on_auto(config):  # the estimates the process's last answer on these settings left (ssd.tuning)
+            self.calibrator = carried_calibrator(draft_model, config)
+        elif config.fan_out_strategy == "calibrated":
+            self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r)
+        else:
+            self.calibrator = None
         self.tuner = ssd_tuner(config, self.calibrator)
         self.f_next = self.next_fan_out(self.k)  # the F_0..F_K the drafts made now are for
         self.block: Draft | None = None  # the whole K-token draft of the round being verified

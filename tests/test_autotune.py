@@ -110,18 +110,51 @@ def test_greedy_ssd_on_auto_is_ar_and_records_its_k_and_b(pair, strategy):
     assert all(r.budget == sum(r.fan_out) and r.budget in tuning.BUDGETS for r in trace.rounds)
 
 
+def test_an_auto_run_starts_where_the_last_answer_on_its_settings_left_the_estimates(pair):
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=24,
+                       latencies=toy_profile())
+    other = SSDConfig(k="auto", budget=4, fan_out_strategy="calibrated", max_new_tokens=24, latencies=toy_profile())
+
+    def first_a_p(config):
+        tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+        assert tokens == ar_tokens(pair, 24)
+        return trace.rounds[0].a_p, trace.rounds[-1].a_p
+
+    tuning.forget_estimates()
+    start, end = first_a_p(config)
+    assert start == config.a_p  # the first answer: the prior
+    assert first_a_p(config)[0] != config.a_p  # the next: the estimates the first left
+    assert first_a_p(other)[0] == other.a_p  # other settings: their own estimates, from the prior
+    tuning.forget_estimates()
+    assert first_a_p(config) == (start, end)  # forgotten: the prior again, the same run again
+
+
+def test_a_windowed_calibrator_keeps_the_last_ranks_of_each_kind():
+    calibrator = Calibrator(window=3)
+    for rank in range(1, 8):
+        calibrator.update(1, 4, rank)  # a recovered position
+    calibrator.update(4, 4, 9)  # the bonus one
+    assert calibrator.ranks == {"recovered": [5, 6, 7], "bonus": [9]}
+
+
 def test_the_pipeline_on_auto_is_ar_and_matches_one_process(pair):
     fields = dict(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=32, temperature=0.8,
                   latencies=toy_profile(draft_ms=5.0))
-    one = generate_ssd(pair, PROMPT, SSDConfig(**fields), torch.Generator().manual_seed(1))
-    try:
-        two = generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**fields), torch.Generator().manual_seed(1))
+    close_pipelines()
+    tuning.forget_estimates()  # both ranks start from the prior: the drafter process is a fresh one
+    one = [generate_ssd(pair, PROMPT, SSDConfig(**fields), torch.Generator().manual_seed(s)) for s in (1, 2)]
+    try:  # the second answer of each starts from the first's estimates: on the drafter's rank in the pipeline
+        two = [generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**fields), torch.Generator().manual_seed(s))
+               for s in (1, 2)]
         greedy = generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**(fields | {"temperature": 0.0})),
                                        torch.Generator().manual_seed(1))
     finally:
         close_pipelines()
-    assert two[0] == one[0]  # the same draws on two ranks: the drafter tells the verifier the K it drew for
-    assert [r.draft_len for r in two[1].rounds] == [r.draft_len for r in one[1].rounds]
+    for (tokens, trace), (expected, expected_trace) in zip(two, one):
+        assert tokens == expected  # the same draws on two ranks: the drafter tells the verifier the K it drew for
+        assert [r.draft_len for r in trace.rounds] == [r.draft_len for r in expected_trace.rounds]
+        assert [r.a_p for r in trace.rounds] == pytest.approx([r.a_p for r in expected_trace.rounds])
+    assert two[1][1].rounds[0].a_p != fields.get("a_p", SSDConfig().a_p)  # carried, not the prior
     assert greedy[0] == ar_tokens(pair, 32)
 
 

@@ -1,6 +1,7 @@
 """The command line: bad input fails fast with one line naming the parameter, before any model loads."""
 import json
 
+import pandas as pd
 import pytest
 
 from ssd.cli import main
@@ -64,3 +65,42 @@ def test_a_bench_json_reads_back_as_its_rows(tmp_path):
     (tmp_path / "other.json").write_text('{"summary": []}')
     with pytest.raises(ValueError, match="is not a bench result"):
         load_rows(str(tmp_path / "other.json"))
+
+
+def test_a_killed_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    from ssd import bench
+    from ssd.decoding import DecodeConfig
+    from ssd.models import tiny_pair
+
+    pair, prompts = tiny_pair(), load_prompts("prose[0:3]")
+    config, checkpoint = DecodeConfig(k=2, max_new_tokens=10), str(tmp_path / "b.json.partial")
+    whole = bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False)
+    real_run_one, answers = bench.run_one, []
+
+    def dies_on_the_last_prompt(method, pair, prompt_ids, config, seed):
+        if config.max_new_tokens == 10:  # not the warm-up's (8 tokens)
+            answers.append(method)
+            if len(answers) == 5:
+                raise RuntimeError("killed")  # as a kill would, mid-prompt
+        return real_run_one(method, pair, prompt_ids, config, seed)
+
+    monkeypatch.setattr(bench, "run_one", dies_on_the_last_prompt)
+    with pytest.raises(RuntimeError, match="killed"):
+        bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False, checkpoint=checkpoint)
+    answers.clear()
+    resumed = bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False, checkpoint=checkpoint)
+    assert len(answers) == 2  # only the third prompt's two answers ran again
+    keys = ["prompt_id", "method", "new_tokens", "identical_to_target"]
+    assert [{k: r[k] for k in keys} for r in resumed["rows"]] == [{k: r[k] for k in keys} for r in whole["rows"]]
+    assert [s["method"] for s in resumed["summary"]] == ["ar", "sd"]
+    with pytest.raises(ValueError, match="holds a bench of other arguments \\(methods differ\\)"):
+        bench.run_bench(pair, prompts, ["ar"], config, progress=False, checkpoint=checkpoint)
+
+
+def test_the_bench_command_writes_csv_and_json_and_leaves_no_checkpoint(tmp_path):
+    json_path, csv_path = tmp_path / "b.json", tmp_path / "b.csv"
+    argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", "prose[0:1]", "--max-new-tokens", "3",
+            "--json", str(json_path), "--csv", str(csv_path)]
+    assert main(argv) == 0
+    assert json_path.exists() and not (tmp_path / "b.json.partial").exists()
+    assert list(pd.read_csv(csv_path).method) == ["ar", "sd"]
