@@ -52,7 +52,7 @@ MEMORY = 0.9  # and the acceptance rate follows about the last ten rounds (Calib
 # SSD's estimates, carried over answers, follow about the last fifty rounds (four answers of 48 tokens on code): its
 # predicted best (K, B) lies on a ridge that moves with a_p, and an estimate over a dozen rounds walked the ridge (on
 # code from K 4, B 4 to K 7, B 1 after a few all-accepted rounds, and missed); replaying the recorded rounds, 0.9 put
-# over half of the choices on code off its best (K 4, B 4), 0.98 under a third.
+# over half of the choices on code off its best (K 4, B 4), 0.98 under a third (with the prior at 8 tokens, a tenth).
 CARRIED_MEMORY = 0.98
 RANK_WINDOW = 1000  # and its miss rates the last this many ranks of each kind (Calibrator.window)
 
@@ -181,8 +181,10 @@ def carried_calibrator(model, config) -> Calibrator:
                 config.ngram, str(config.k), str(config.budget))  # not max_new_tokens: the text is the same text
     runs = _carried.setdefault(model, {})
     if settings not in runs:
-        runs[settings] = Calibrator(prior_a_p=config.a_p, prior_r=config.r, prior_weight=PRIOR_WEIGHT,
-                                    memory=CARRIED_MEMORY, window=RANK_WINDOW)
+        # The prior at the calibrator's own weight (8 tested tokens), not PRIOR_WEIGHT: carried, the estimates need
+        # not leave it within one answer, and at one token two accepted rounds of the bench's warm-up had put a_p at
+        # 0.93 and the tuner at K 7, B 1 for the first answer.
+        runs[settings] = Calibrator(prior_a_p=config.a_p, prior_r=config.r, memory=CARRIED_MEMORY, window=RANK_WINDOW)
     return runs[settings]
 
 

@@ -55,6 +55,26 @@ def test_the_tuner_decides_only_every_few_rounds():
         tuning.Tuner(lambda: tuning.Choice(1, None, None), every=0)
 
 
+def test_the_ssd_tuner_on_carried_estimates_moves_k_with_the_text():
+    class Draft:  # any object stands for the draft model the estimates are carried with
+        pass
+
+    draft, config = Draft(), SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", latencies=toy_profile())
+    tuning.forget_estimates()
+    calibrator = tuning.carried_calibrator(draft, config)
+    tuner = tuning.ssd_tuner(config, calibrator)
+    for _ in range(150):  # code: every draft accepted, t* the draft's first candidate
+        calibrator.update(tuner.k, tuner.k, 1)
+        tuner.step()
+    long_k = tuner.k
+    for _ in range(150):  # then prose: the first drafted token rejected, t* second
+        calibrator.update(0, tuner.k, 2)
+        tuner.step()
+    assert long_k >= 6 and tuner.k <= 2
+    assert tuning.carried_calibrator(draft, config) is calibrator  # the next answer goes on from here
+    assert tuning.carried_calibrator(Draft(), config) is not calibrator  # another draft model: its own
+
+
 def test_the_ssd_tuner_takes_both_and_keeps_what_is_fixed():
     calibrator = Calibrator(prior_a_p=0.9)
     both = tuning.ssd_tuner(SSDConfig(k="auto", budget="auto", latencies=toy_profile()), calibrator)
