@@ -98,11 +98,11 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
     identity = _identity(pair, prompts, methods, config, seed)
     rows, rounds, done = _resume(checkpoint, identity)
+    if done < len(prompts):
+        warm_up(pair, encode(pair.tokenizer, prompts[done]), methods, config)
     j = sum(len(p.turns) for p in prompts[:done])  # the answer's index over the whole run
     bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), initial=j * len(methods), desc="bench",
                disable=not progress)
-    if done < len(prompts):
-        warm_up(pair, encode(pair.tokenizer, prompts[done]), methods, config)
     for n, prompt in enumerate(prompts[done:], start=done):
         answers = {method: [] for method in methods}  # each method's own answers so far: its next turn's context
         for turn in range(len(prompt.turns)):

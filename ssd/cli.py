@@ -197,7 +197,8 @@ def cmd_bench(args) -> None:
         print(f"wrote {args.csv}", file=sys.stderr)
     if args.json:
         write_json(args.json, result)
-        os.remove(checkpoint)  # the result is safe: a rerun measures afresh
+        if os.path.exists(checkpoint):
+            os.remove(checkpoint)  # the result is safe: a rerun measures afresh
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -13,20 +13,21 @@ step over n new tokens (the draft's logits after them).
   tokens a hit leaves unfed and K tree depths over B rows, a jit backup K one-token steps.
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``): decided before the first round from a stated
-prior (acceptance rate ``a_p`` of the config weighing ``PRIOR_WEIGHT`` tested tokens for SD, the calibrator's 8 for
-SSD, whose estimates are carried, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's own estimates (the acceptance rate, and for SSD the miss rate
-at each kind of position), so a prompt that moves from code to prose moves its K and B. The latencies are the
-profile's (``ssd.profile.cached_profile``: measured once per machine, pair, precision and core set, then read from the
-user cache), not the run's own clock: the choices then depend only on the tokens.
+prior (acceptance rate ``a_p`` of the config, weighing ``PRIOR_WEIGHT`` tested tokens for SD and the calibrator's 8
+for SSD, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's own estimates (the
+acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from code to prose moves
+its K and B. The latencies are the profile's (``ssd.profile.cached_profile``: measured once per machine, pair,
+precision and core set, then read from the user cache), not the run's own clock: the choices then depend only on the
+tokens.
 
 SSD on auto carries its estimates over answers (``carried_calibrator``): an answer starts where the last one the
 process decoded with the same draft model and settings left them, only the first from the prior. A dozen rounds of
 one answer teach a_p but hardly the miss-rate tables, so a tuner that began every answer from the prior spent its
-first rounds at the prior's (K, B): on 16 HumanEval prompts, replaying the recorded rounds, its choices scored 0.95
-of the best on the set's steady-state surface, 0.98 carried and 0.99 carried with the longer memory below. SD's tuner reads a_p alone, which an answer's own
-rounds teach: it starts every answer from the prior. At temperature 0 the tokens are the target's either way; at
-T > 0 a seed then gives the same output for the same sequence of calls in a fresh process (``forget_estimates``
-starts the sequence again).
+first rounds at the prior's (K, B): replaying the recorded rounds of 16 HumanEval prompts, its choices scored 0.95 of
+the best on the set's steady-state surface, carried 0.98, and with the longer memory and heavier prior below 0.998.
+SD's tuner reads a_p alone, which an answer's own rounds teach: it starts every answer from the prior. At temperature
+0 the tokens are the target's either way; at T > 0 a seed gives the same output for the same sequence of calls in a
+fresh process (``forget_estimates`` starts the sequence again).
 """
 from __future__ import annotations
 
