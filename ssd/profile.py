@@ -31,6 +31,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from . import tree  # the tree is timed as SSD drafts it (tree.draft_tree, looked up at each call)
+from .cached_model import CachedModel
 from .cores import check_cores, pinned
 from .devices import synchronize
 from .files import atomic_path, cache_dir
@@ -49,15 +51,7 @@ VERSION = 2
 BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
 
 
-# ---- timing one forward --------------------------------------------------------------------------------------------
-
-
-def branch_mask(context: int, rows: int, dtype) -> torch.Tensor:
-    """Additive [1, 1, rows, context + rows] mask: every branch node sees the whole context and itself only."""
-    mask = torch.full((rows, context + rows), torch.finfo(dtype).min, dtype=dtype)
-    mask[:, :context] = 0
-    mask[:, context:].fill_diagonal_(0)
-    return mask[None, None]
+# ---- timing the passes ----------------------------------------------------------------------------------------------
 
 
 def _round_robin_ms(sizes, reps: int, device, run, undo=lambda n: None) -> dict[int, float]:
@@ -83,25 +77,26 @@ def _fixed_ids(model, length: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> dict[int, float]:
-    """Median milliseconds of one forward over n new tokens after `context` cached tokens, for each n in sizes
-    (``_round_robin_ms``).
-
-    branches=False: a causal run of n tokens (a verify pass over K + 1 = n tokens); True: n branch nodes at one
-    depth, each seeing the context and itself (a bare forward of SSD's tree pre-speculation over B = n rows).
-    """
+def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int, float]:
+    """Median milliseconds of one causal forward over n new tokens (a verify pass over K + 1 = n tokens) after
+    `context` cached tokens, for each n in sizes (``_round_robin_ms``)."""
     device = model.device
     ids = _fixed_ids(model, context + max(sizes))[None].to(device)
     cache = DynamicCache(config=model.config)
     model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
-    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
-    extra = {n: dict(attention_mask=branch_mask(context, n, dtype).to(device),
-                     position_ids=torch.full((1, n), context, device=device)) if branches else {} for n in sizes}
 
     def run(n):
-        model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n, **extra[n])
+        model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n)
 
     return _round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
+
+
+def _primed_draft(model, context: int, more: int) -> tuple[CachedModel, list[int]]:
+    """The draft as SSD holds it, a CachedModel, with `context` fixed tokens cached; and those tokens and `more`."""
+    draft = CachedModel(model)
+    ids = _fixed_ids(model, context + more).tolist()
+    draft.extend(ids[:context])
+    return draft, ids
 
 
 @torch.inference_mode()
@@ -111,16 +106,11 @@ def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths:
     tokens, for each n in rows: ``ssd.tree.draft_tree`` itself, `depths` deep, per depth (its forwards over the rows
     with their tree masks, each row's draw from its distribution at temperature 1, the drafts handed back; the tree
     leaves the cache as it found it)."""
-    from .cached_model import CachedModel  # the draft's side of a round, as SSD runs it
-    from .tree import draft_tree
-
-    draft = CachedModel(model)
-    ids = _fixed_ids(model, context + max(rows)).tolist()
-    draft.extend(ids[:context])
+    draft, ids = _primed_draft(model, context, max(rows))
     u, fan_out = torch.full((depths,), 0.5, dtype=torch.float64), [0] * (depths + 1)
 
     def run(n):  # n branches, each after the whole context
-        draft_tree(draft, context, [(0, t) for t in ids[context : context + n]], u, 1.0, 1.0, fan_out)
+        tree.draft_tree(draft, context, [(0, t) for t in ids[context : context + n]], u, 1.0, 1.0, fan_out)
 
     return {n: ms / depths for n, ms in _round_robin_ms(rows, reps, model.device, run).items()}
 
@@ -129,18 +119,14 @@ def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths:
 def glue_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int, float]:
     """Median milliseconds of SSD's glue step over n new tokens after `context` cached ones, for each n in sizes:
     ``CachedModel.logits(keep=1)``, as ``ssd.ssd.branch_drafts`` calls it."""
-    from .cached_model import CachedModel
-
-    draft = CachedModel(model)
-    ids = _fixed_ids(model, context + max(sizes)).tolist()
-    draft.extend(ids[:context])
+    draft, ids = _primed_draft(model, context, max(sizes))
     return _round_robin_ms(sizes, reps, model.device, lambda n: draft.logits(ids[: context + n], keep=1),
                            undo=lambda n: draft.rollback(context))
 
 
-def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3, branches: bool = False) -> float:
+def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3) -> float:
     """curve_ms at one size."""
-    return curve_ms(model, [new], context=context, reps=reps, branches=branches)[new]
+    return curve_ms(model, [new], context=context, reps=reps)[new]
 
 
 def memory_bandwidth_gbs(mb: int = BANDWIDTH_MB, reps: int = 3) -> float:
