@@ -26,7 +26,7 @@ from .decoding import DecodeConfig, generate_ar
 from .files import write_json
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
-from .precision import capability, device_name
+from .precision import capability, device_name, kind_line, kind_of, machine_kind
 from .methods import parse_variant, resolve
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
@@ -376,26 +376,43 @@ def _mean_and_ci(mean, ci, digits: int) -> str:
 
 def stored(path: str, pair) -> dict | None:
     """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it exists and was measured on this pair
-    at these precisions, with "source": the path; otherwise None."""
+    at these precisions (each model's), with "source": the path and "elsewhere": None where it was measured on this
+    kind of machine (``ssd.precision.machine_kind``), else one line saying where; otherwise None. Timings and the
+    auto rule's reason do not count: they never repeat, even on the machine that stored the result."""
     if not (path and os.path.exists(path)):
         return None
     with open(path) as f:
         result = json.load(f)
-    if result.get("args", {}).get("pair") == pair.name and result.get("precision") == pair.precisions.as_dict():
-        return result | {"source": path}
-    return None
+    precision = result.get("precision") or {}
+    same = (result.get("args", {}).get("pair") == pair.name and precision.get("target") == pair.precisions.target
+            and precision.get("draft") == pair.precisions.draft)
+    if not same:
+        return None
+    there, here = kind_of(result.get("environment", {})), machine_kind(pair.target.device)
+    elsewhere = None if there == here else f"measured on another kind of machine ({kind_line(there)}; this one: " \
+                                            f"{kind_line(here)}): shown as stored, not re-measured"
+    return result | {"source": path, "elsewhere": elsewhere}
 
 
 def stored_or_run(path: str, pair, prompts, methods: list[str], config: DecodeConfig, *, measure_missing: bool,
                   progress: bool = True) -> dict | None:
-    """The bench result stored at `path` if it was measured on this pair at these precisions (``stored``); otherwise
-    the same methods run here on `prompts` (not written), or None where nothing is stored and not measure_missing. A
-    result carries "source": the path, or "measured here". A notebook shows a long stored bench, and still runs on
-    another pair."""
+    """The bench result stored at `path` if it was measured on this pair at these precisions (``stored``); otherwise,
+    with measure_missing, the same methods run here on `prompts` (not written), and without it None: a notebook at
+    its defaults never re-measures a long bench, it shows the stored one or says how to measure it. A result carries
+    "source": the path, or "measured here"."""
     found = stored(path, pair)
-    if found is not None:
+    if found is not None or not measure_missing:
         return found
-    if not (path and os.path.exists(path)) and not measure_missing:
-        return None
     result = run_bench(pair, prompts, methods, config, progress=progress)
-    return result | {"source": "measured here", "precision": pair.precisions.as_dict()}
+    return result | {"source": "measured here", "elsewhere": None, "precision": pair.precisions.as_dict()}
+
+
+def not_stored_line(path: str, pair) -> str:
+    """Why `stored` found nothing at `path` for this pair, in one line."""
+    if not (path and os.path.exists(path)):
+        return f"{path}: not measured yet"
+    with open(path) as f:
+        result = json.load(f)
+    precision = result.get("precision") or {}
+    return (f"{path}: measured on {result.get('args', {}).get('pair')} at target {precision.get('target')}, draft "
+            f"{precision.get('draft')}, not on {pair.name} at {pair.precisions.label}")

@@ -163,6 +163,10 @@ def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores
 # ---- a bench of method variants (notebook 07) ----------------------------------------------------------------------
 
 
+VARIANT_COLUMNS = ["method", "base", "k", "budget", "decode_tokens_per_s", "tokens_per_s", "mean_k", "mean_budget",
+                   "acceptance_rate", "hit_rate", "identical_to_target"]
+
+
 def variant_summary(summary) -> pd.DataFrame:
     """A bench's summary (its JSON's "summary") with each method variant's settings in columns: base (the method),
     k and budget as the variant set them ("auto", an integer, or None where it set nothing), and the K and B its
@@ -175,7 +179,7 @@ def variant_summary(summary) -> pd.DataFrame:
                      "mean_k": s.get("mean_k"), "mean_budget": s.get("mean_budget"),
                      "acceptance_rate": s.get("acceptance_rate"), "hit_rate": s.get("hit_rate"),
                      "identical_to_target": s.get("identical_to_target")})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=VARIANT_COLUMNS)  # the columns even of no summary: a notebook with nothing stored
 
 
 def auto_against_fixed(variants: pd.DataFrame, base: str, default: str) -> dict:

@@ -109,6 +109,30 @@ def capability() -> dict:
     }
 
 
+def machine_kind(device="cpu", cap: dict | None = None) -> dict:
+    """What decides a measurement's numbers beside the pair and its precisions: the device's type and name (the GPU,
+    or the CPU's model) and the CPU's vector ISA and recorded flags. Timings, dates and core counts are left out: they
+    never repeat, and a stored result must be recognised on every machine of its kind."""
+    cap = cap or capability()
+    return {"device": torch.device(device).type, "device_name": device_name(device), "isa": cap["isa"],
+            "flags": sorted(cap["flags"])}
+
+
+def kind_of(environment: dict) -> dict:
+    """machine_kind as a stored bench's `environment` record gives it."""
+    cap = environment.get("capability", {})
+    return {"device": torch.device(environment.get("device", "cpu")).type,
+            "device_name": environment.get("device_name") or cap.get("cpu"), "isa": cap.get("isa"),
+            "flags": sorted(cap.get("flags", []))}
+
+
+def kind_line(kind: dict) -> str:
+    """'Intel(R) Xeon(R) Processor, AVX512 (avx2, avx512_bf16, ...)' or 'NVIDIA H200': one line for a note."""
+    if kind["device"] != "cpu":
+        return kind["device_name"]
+    return f"{kind['device_name']}, {kind['isa']} ({', '.join(kind['flags']) or 'no recorded flags'})"
+
+
 def capability_line(cap: dict | None = None) -> str:
     """One line for a figure or a table: 'Intel Xeon ..., AVX512, native bfloat16'."""
     cap = cap or capability()

@@ -11,6 +11,7 @@ from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequenc
 from ssd.methods import parse_methods, parse_variant, resolve
 from ssd.models import tiny_pair
 from ssd.outcomes import Calibrator
+from ssd.precision import kind_line, kind_of, machine_kind
 from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
 from ssd.profile import Profile
 from ssd.prompts import load_prompts
@@ -260,15 +261,53 @@ def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
     plots.plt.close(fig)
 
 
+def stored_bench(pair, **precision) -> dict:
+    """A stored bench of `pair` as `python -m ssd bench --json` writes it, measured on this kind of machine."""
+    return {"args": {"pair": pair.name}, "precision": pair.precisions.as_dict() | precision,
+            "environment": bench.environment(pair.target.device), "rows": [], "summary": SUMMARY}
+
+
 def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
     path = tmp_path / "bench.json"
     assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
-    path.write_text(json.dumps({"args": {"pair": pair.name}, "precision": pair.precisions.as_dict(), "rows": [],
-                                "summary": SUMMARY}))
+    path.write_text(json.dumps(stored_bench(pair)))
     assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
     assert bench.stored(str(path), pair)["source"] == str(path) and bench.stored(str(tmp_path / "none.json"), pair) is None
-    path.write_text(json.dumps({"args": {"pair": "another"}, "precision": pair.precisions.as_dict(), "summary": []}))
+    path.write_text(json.dumps(stored_bench(pair) | {"args": {"pair": "another"}}))
     assert bench.stored(str(path), pair) is None  # measured on another pair: not this one's
+    assert "not on" in bench.not_stored_line(str(path), pair)
+
+
+def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_auto(tmp_path, pair):
+    """The auto rule's timings and its reason never repeat, not even on the machine that stored the bench."""
+    path = tmp_path / "bench.json"
+    other_timings = {"reason": "auto: target float32 (float32 1013 ms, bfloat16 1467 ms)",
+                     "measured_ms": {"target": {"float32": 1013.2, "bfloat16": 1467.5}, "draft": {"float32": 210.7}}}
+    path.write_text(json.dumps(stored_bench(pair, **other_timings)))
+    found = bench.stored(str(path), pair)
+    assert found["source"] == str(path) and found["elsewhere"] is None  # this kind of machine: no note
+    for role in ("target", "draft"):
+        path.write_text(json.dumps(stored_bench(pair, **{role: "int8"})))
+        assert bench.stored(str(path), pair) is None, role  # another precision: another model's numbers
+        assert bench.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+        assert f"{role} int8" in bench.not_stored_line(str(path), pair)
+
+
+def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path, pair):
+    path = tmp_path / "bench.json"
+    result = stored_bench(pair)
+    cap = result["environment"]["capability"] | {"isa": "AVX2", "flags": ["avx2"], "cores": 64}
+    result["environment"] |= {"capability": cap, "cpu_count": 64, "date": "2020-01-01T00:00:00+00:00"}
+    path.write_text(json.dumps(result))
+    note = bench.stored(str(path), pair)["elsewhere"]
+    assert "another kind of machine" in note and "AVX2 (avx2)" in note and "\n" not in note
+    result["environment"] = stored_bench(pair)["environment"] | {"cpu_count": 64, "date": "2020-01-01T00:00:00+00:00",
+                                                                 "torch_threads": 7}
+    path.write_text(json.dumps(result))
+    assert bench.stored(str(path), pair)["elsewhere"] is None  # dates, threads and core counts do not make a kind
+    kind = machine_kind("cpu")
+    assert kind_of(bench.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
+                                                                             "device_name": "NVIDIA H200"})) == "NVIDIA H200"
 
 
 def test_a_bench_summarises_each_variant_from_its_own_rounds(pair):

@@ -35,3 +35,37 @@ def test_a_notebook_runs_on_the_tiny_pair(course, name):
     papermill.execute_notebook(str(notebooks / name), str(out), parameters={"pair_name": "tiny"},
                                cwd=str(notebooks), kernel_name="python3", progress_bar=False)
     assert out.is_file()
+
+
+def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures_nothing(course, tmp_path):
+    """A fresh machine times auto's candidate precisions anew: its stored benches must still be recognised (by the
+    pair, the precisions and the kind of machine), shown, and never re-measured at the notebook's defaults."""
+    import json
+    import re
+
+    import papermill
+
+    from ssd.models import load_pair
+
+    precision = load_pair("tiny").precisions.as_dict() | {
+        "reason": "auto: timed on another day (float32 1013 ms, bfloat16 467 ms)",
+        "measured_ms": {"target": {"float32": 1013.2, "bfloat16": 467.5}, "draft": {"int8": 91.6}}}
+    stored = {}
+    for method, name in (("sd", "autotune_sd_{set}"), ("ssd-pipeline", "autotune_pipeline_{set}"),
+                         ("ssd-pipeline auto", "autotune_pipeline_auto_{set}")):
+        for s in ("humaneval", "prose"):
+            source = ROOT / "data" / f"{name.format(set=s)}.json"
+            if source.exists():
+                result = json.loads(source.read_text())
+                result["args"]["pair"], result["precision"] = "tiny", precision
+                (tmp_path / source.name).write_text(json.dumps(result))
+        stored[method] = str(tmp_path / f"{name}.json")
+    out = tmp_path / "executed_07.ipynb"
+    papermill.execute_notebook(str(course / "notebooks" / "07_autotune.ipynb"), str(out), cwd=str(course / "notebooks"),
+                               parameters={"pair_name": "tiny", "measure_missing": False, "stored": stored},
+                               kernel_name="python3", progress_bar=False)
+    printed = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
+    assert "measured here" not in printed and "not on tiny" not in printed
+    for s in ("humaneval", "prose"):
+        for name in ("autotune_sd", "autotune_pipeline"):
+            assert re.search(re.escape(str(tmp_path / f"{name}_{s}.json")) + r" \d+ answers", printed), (name, s)
