@@ -128,8 +128,8 @@ def kind_of(environment: dict) -> dict:
 
 def kind_line(kind: dict) -> str:
     """'Intel(R) Xeon(R) Processor, AVX512 (avx2, avx512_bf16, ...)' or 'NVIDIA H200': one line for a note."""
-    if kind["device"] != "cpu":
-        return kind["device_name"]
+    if kind["device"] != "cpu" or not kind["isa"]:
+        return kind["device_name"] or "a machine the result did not record"
     return f"{kind['device_name']}, {kind['isa']} ({', '.join(kind['flags']) or 'no recorded flags'})"
 
 

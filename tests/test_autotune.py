@@ -305,6 +305,8 @@ def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path
                                                                  "torch_threads": 7}
     path.write_text(json.dumps(result))
     assert bench.stored(str(path), pair)["elsewhere"] is None  # dates, threads and core counts do not make a kind
+    path.write_text(json.dumps({k: v for k, v in result.items() if k != "environment"}))
+    assert "did not record" in bench.stored(str(path), pair)["elsewhere"]  # stored before environments were
     kind = machine_kind("cpu")
     assert kind_of(bench.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
                                                                              "device_name": "NVIDIA H200"})) == "NVIDIA H200"

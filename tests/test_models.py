@@ -1,4 +1,5 @@
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,9 @@ import transformers
 from ssd import gguf_store, models
 from ssd.gguf_store import GGUFSpec, ModelPartError, join_parts
 from ssd.models import check_same_tokenizer, load_pair, tiny_pair
+
+
+RUN_CACHE_DIR = os.environ.get("SSD_CACHE_DIR")  # read before private_cache replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -331,7 +335,12 @@ def test_cache_dir_follows_environment(monkeypatch, tmp_path):
 
 @pytest.mark.real
 def test_real_qwen_pair(monkeypatch):
-    monkeypatch.delenv("SSD_CACHE_DIR")  # use (or build) the shared cache
+    # The cache this run was given (CI: an empty one of its own), else the user's: where every other real test loads
+    # the pair from, so a fresh machine builds the weights once, not twice, and never in a cache it was not given.
+    if RUN_CACHE_DIR:
+        monkeypatch.setenv("SSD_CACHE_DIR", RUN_CACHE_DIR)
+    else:
+        monkeypatch.delenv("SSD_CACHE_DIR")
     pair = load_pair("qwen2.5-coder", progress=False)
     assert pair.draft.config.vocab_size == pair.target.config.vocab_size == pair.vocab_size
     ids = pair.tokenizer("def fib(n):").input_ids
