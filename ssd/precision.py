@@ -113,9 +113,7 @@ def machine_kind(device="cpu", cap: dict | None = None) -> dict:
     """What decides a measurement's numbers beside the pair and its precisions: the device's type and name (the GPU,
     or the CPU's model) and the CPU's vector ISA and recorded flags. Timings, dates and core counts are left out: they
     never repeat, and a stored result must be recognised on every machine of its kind."""
-    cap = cap or capability()
-    return {"device": torch.device(device).type, "device_name": device_name(device), "isa": cap["isa"],
-            "flags": sorted(cap["flags"])}
+    return kind_of({"device": str(device), "device_name": device_name(device), "capability": cap or capability()})
 
 
 def kind_of(environment: dict) -> dict:
