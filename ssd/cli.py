@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--drafter-cores", default="1", help="cores the draft is timed on (default 1)")
     pr.add_argument("--reps", type=int, default=5, help="timed forwards per point, after a warm-up (median; default 5)")
     pr.add_argument("--json", default=None, help="write the profile here")
+    pr.add_argument("--store", default=None, help="also keep it in this folder of stored profiles (data/profiles), "
+                    "named by the pair, its precisions and the kind of machine; notebooks read it there")
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
@@ -266,6 +268,11 @@ def cmd_profile(args) -> None:
     if args.json:
         profile.save(result, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.store:
+        path = os.path.join(args.store, profile.stored_name(result))
+        os.makedirs(args.store, exist_ok=True)
+        profile.save(result, path)
+        print(f"wrote {path}", file=sys.stderr)
     if args.figure:
         from . import plots  # matplotlib only when a figure is asked for
 

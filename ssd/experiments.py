@@ -148,14 +148,16 @@ def ap_sensitivity(rounds: pd.DataFrame, budget: int, k: int, a_ps, r: float) ->
     return pd.DataFrame(rows)
 
 
-def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores="1", progress: bool = True):
-    """The pair's profile at each (target, draft) precision, one pair in memory at a time (from the cache where
-    measured before): how the regime moves with precision. Returns {label: Profile}."""
+def profiles_at(pair_name: str, precisions, *, verifier_cores="0", drafter_cores="1", progress: bool = True,
+                stored: str | None = None):
+    """The pair's profile at each (target, draft) precision, one pair in memory at a time (from the user cache where
+    measured before, or `stored`'s profile of this kind of machine): how the regime moves with precision. Returns
+    {label: Profile}."""
     out = {}
     for target, draft in dict.fromkeys(precisions):  # once each, in order
         pair = load_pair(pair_name, target_dtype=target, draft_dtype=draft, progress=progress)
         out[pair.precisions.label] = cached_profile(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores,
-                                                    progress=progress)
+                                                    progress=progress, stored=stored)
         del pair
     return out
 

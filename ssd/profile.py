@@ -14,13 +14,18 @@ Three curves and a floor (``python -m ssd profile``):
 
 Each curve is also given as a ratio to its one-token step. Theorem 7 can take its latencies from a profile
 (``ssd.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and kept
-in the user cache (``cached_profile``); any change of those measures again.
+in the user cache (``cached_profile``); any change of those measures again. Profiles measured on known kinds of
+machine are also kept with the kit (``data/profiles/``, ``python -m ssd profile --store DIR``): a notebook reads the
+one of this kind rather than spend minutes measuring it (``stored_profile``), recognised, like a stored bench, by what
+decides its numbers and never by its timings.
 """
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -36,7 +41,7 @@ from .cached_model import CachedModel
 from .cores import check_cores, pinned
 from .devices import synchronize
 from .files import atomic_path, cache_dir
-from .precision import RULE, capability, weight_bytes
+from .precision import RULE, capability, kind_of, machine_kind, weight_bytes
 from .theory import sd_speedup
 
 CONTEXT = 128  # tokens already in the KV cache when a pass is timed
@@ -264,17 +269,67 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
 
 
 def cached_profile(pair, *, verifier_cores="0", drafter_cores="1", remeasure: bool = False, progress: bool = True,
-                   **options) -> Profile:
-    """The pair's profile on these cores from the user cache, measured (and kept) if there is none yet."""
+                   stored: str | None = None, **options) -> Profile:
+    """The pair's profile on these cores from the user cache; else, where `stored` names a folder of the kit's stored
+    profiles, the one measured on this kind of machine (``stored_profile``); else measured now (and kept).
+    remeasure: measure now whatever is kept."""
     path = profile_path(pair, verifier_cores, drafter_cores, **options)
     if path.exists() and not remeasure:
         try:
             return Profile.from_dict(json.loads(path.read_text()))
         except (ValueError, TypeError, KeyError):
             pass  # an unreadable or older file: measure again
+    found = None if remeasure or not stored else stored_profile(stored, pair, verifier_cores=verifier_cores,
+                                                                 drafter_cores=drafter_cores, **options)
+    if found is not None:
+        return found
     profile = measure(pair, verifier_cores=verifier_cores, drafter_cores=drafter_cores, progress=progress, **options)
     save(profile, path)
     return profile
+
+
+# ---- profiles kept with the kit -------------------------------------------------------------------------------------
+
+
+def _kind(profile: Profile) -> dict:
+    """The kind of machine a profile was measured on (a profile times CPU cores: its device is the CPU)."""
+    return kind_of({"device": "cpu", "capability": profile.capability})
+
+
+def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", context: int = CONTEXT,
+                tokens=TARGET_TOKENS, rows=DRAFT_ROWS) -> bool:
+    """Whether a stored profile stands for one measured here now: the same pair at the same precisions, this kind of
+    machine (``ssd.precision.machine_kind``) and torch, the same cores, context and sizes, and every curve of this
+    version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
+    return (profile.pair == pair.name and profile.precisions.get("target") == pair.precisions.target
+            and profile.precisions.get("draft") == pair.precisions.draft
+            and _kind(profile) == machine_kind(pair.target.device)
+            and profile.capability.get("torch") == capability()["torch"]
+            and profile.verifier_cores == check_cores(verifier_cores, "verifier_cores")
+            and profile.drafter_cores == check_cores(drafter_cores, "drafter_cores")
+            and profile.context == context and sorted(profile.target_ms) == sorted(tokens)
+            and sorted(profile.draft_ms) == sorted(rows) and profile.glue_ms is not None)
+
+
+def stored_profile(folder: str, pair, **options) -> Profile | None:
+    """The profile among the JSON files in `folder` that answers for this pair here (``answers_for``), or None."""
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            candidate = load(path)
+        except (ValueError, TypeError, KeyError):
+            continue  # not a profile
+        if answers_for(candidate, pair, **options):
+            return candidate
+    return None
+
+
+def stored_name(profile: Profile) -> str:
+    """A file name for a profile kept with the kit: the pair, its precisions, and a digest of the kind of machine,
+    torch and the cores, so profiles of several kinds of machine sit side by side in one folder."""
+    key = json.dumps([_kind(profile), profile.capability.get("torch"), profile.verifier_cores, profile.drafter_cores,
+                      profile.context], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{profile.pair}_{profile.precisions['target']}_{profile.precisions['draft']}_{digest}.json"
 
 
 def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:

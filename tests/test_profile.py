@@ -1,5 +1,6 @@
 """Latency profiles on a tiny pair: the curves (the tree timed as SSD drafts it), the cache, Theorem 7 fed by a
 profile, the CLI."""
+import dataclasses
 import json
 import os
 
@@ -156,3 +157,41 @@ def test_profiles_at_several_precisions_are_kept_apart(private_cache):
     assert [(p.precisions["target"], p.precisions["draft"]) for p in out.values()] == [("float32", "float32"),
                                                                                        ("bfloat16", "int8")]
     assert len(list((private_cache / "profiles").glob("*.json"))) == 2
+
+
+def test_a_stored_profile_of_this_kind_of_machine_is_read_not_measured(pair, monkeypatch, tmp_path, private_cache):
+    """A profile kept with the kit (data/profiles) answers for this pair here when the pair, its precisions, the kind
+    of machine, the cores and the sizes are the same: its timings and date never count."""
+    measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
+    store = tmp_path / "profiles"
+    store.mkdir()
+    (store / "notes.json").write_text('{"not": "a profile"}')  # skipped, not an error
+    prof.save(dataclasses.replace(measured, measured_at="2020-01-01T00:00:00",
+                                  target_ms={n: 7 * ms for n, ms in measured.target_ms.items()}),
+              store / prof.stored_name(measured))
+    monkeypatch.setattr(prof, "measure", lambda *a, **k: pytest.fail("measured, though a stored profile answers"))
+    found = cached_profile(pair, verifier_cores=V, drafter_cores=D, progress=False, stored=str(store), **SMALL)
+    assert found.measured_at == "2020-01-01T00:00:00" and found.target_ms[1] == 7 * measured.target_ms[1]
+    assert not (private_cache / "profiles").exists()  # read from the store, nothing written to the user cache
+
+
+@pytest.mark.parametrize("change", ["precision", "flags", "cores", "sizes", "pair"])
+def test_a_stored_profile_of_another_kind_precision_or_setting_is_not_used(pair, tmp_path, change):
+    measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
+    other = {"precision": dict(precisions=measured.precisions | {"draft": "int8"}),
+             "flags": dict(capability=measured.capability | {"flags": ["avx2"]}),
+             "cores": dict(verifier_cores=[99]),
+             "sizes": dict(target_ms={1: 1.0, 2: 2.0}),
+             "pair": dict(pair="another")}[change]
+    stored = dataclasses.replace(measured, **other)
+    assert prof.answers_for(measured, pair, V, D, **SMALL)
+    assert not prof.answers_for(stored, pair, V, D, **SMALL)
+    prof.save(stored, tmp_path / prof.stored_name(stored))
+    assert prof.stored_profile(str(tmp_path), pair, verifier_cores=V, drafter_cores=D, **SMALL) is None
+
+
+def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
+    assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
+                 "--store", str(tmp_path / "store")]) == 0
+    (path,) = (tmp_path / "store").glob("*.json")
+    assert path.name.startswith("tiny_float32_float32_") and prof.load(path).pair == "tiny"
