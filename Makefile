@@ -24,14 +24,15 @@ run: $(STAMP)
 
 # Our AR and SD against transformers' own generate and assisted generation on the same models, in float32, where all
 # four must give the target's tokens exactly (about 12 minutes); then the latency profile of the pair on the
-# pipeline's two cores at the auto precision and in float32 (about 5 minutes).
+# pipeline's two cores at the auto precision and in float32 (about 5 minutes), kept in data/profiles/ under a name
+# of this kind of machine, where notebooks 05 and 07 read them rather than measure.
 bench: $(STAMP)
 	$(BIN)/python -m ssd bench --pair qwen2.5-coder --methods ar,hf-ar,sd,hf-sd -k 4 \
 		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --target-dtype float32 \
 		--draft-dtype float32 --json data/bench.json
-	$(BIN)/python -m ssd profile --pair qwen2.5-coder --json data/profile.json --figure figures/profile.png
+	$(BIN)/python -m ssd profile --pair qwen2.5-coder --store data/profiles --figure figures/profile.png
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
-		--json data/profile_float32.json --figure figures/profile_float32.png
+		--store data/profiles --figure figures/profile_float32.png
 
 # The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 3 hours on
 # a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the wall-clock grid at the auto precision 54
@@ -44,9 +45,10 @@ sweep: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
-# Unit and statistical tests, then nbval: every notebook re-executed and compared with its stored outputs.
+# Unit and statistical tests, spread over the cores (pytest-xdist; the real pair's tests in one worker), then nbval:
+# every notebook re-executed in order and compared with its stored outputs.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
 
 # On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
