@@ -16,7 +16,7 @@ from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import check_temperature, probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
-from .tuning import MEMORY, PRIOR_WEIGHT, is_auto, sd_tuner, with_latencies
+from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, is_auto, sd_tuner, with_latencies
 from .verify import Verdict, verify
 
 
@@ -56,7 +56,28 @@ def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:
             f"max_new_tokens={config.max_new_tokens} does not fit: the prompt has {len(prompt_ids)} tokens and the "
             f"context holds {pair.max_context}, so at most {room} new tokens"
         )
+    check_window(pair, len(prompt_ids), config)
     return prompt_ids
+
+
+def check_window(pair, prompt_len: int, config) -> None:
+    """A model with sliding-window attention (Mistral, Gemma 2 and 3, ...) decodes only while every cache stays inside
+    its window: once full, the window's cache drops the oldest tokens and cannot be cut back after a rejection (nor
+    take SSD's token tree). The most a cache holds at once: the prompt, max_new_tokens, and the tokens in flight, K
+    drafted and verified plus B branches of K for SSD's tree (K and B on auto: the largest the tuner weighs)."""
+    if pair.attention_window is None:
+        return
+    window, model = pair.attention_window
+    k = max(SD_KS) if is_auto(config.k) else config.k
+    budget = getattr(config, "budget", 0)
+    budget = max(BUDGETS) if is_auto(budget) else budget
+    in_flight = k * (budget + 1) + 1
+    if prompt_len + config.max_new_tokens + in_flight > window - 1:
+        raise ValueError(
+            f"{model} attends through a sliding window of {window} tokens, whose cache cannot be cut back once full: "
+            f"the prompt ({prompt_len} tokens), max_new_tokens={config.max_new_tokens} and {in_flight} tokens in "
+            f"flight (K={k}, B={budget}) must stay below {window - 1}"
+        )
 
 
 def _finish(appended: list[int], room: int, eos: tuple[int, ...]) -> tuple[list[int], bool]:

@@ -1,9 +1,11 @@
 """The draft/target pair every method decodes with, and the checks that make two models one pair."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import transformers
+from transformers import DynamicCache
 
 from .precision import Precisions, fixed
 
@@ -36,6 +38,23 @@ class Pair:
     @property
     def max_context(self) -> int:
         return min(_max_positions(self.draft.config), _max_positions(self.target.config))
+
+    @functools.cached_property
+    def attention_window(self) -> tuple[int, str] | None:
+        """(window, model name) of the smaller sliding (or chunked) attention window of the two models, or None where
+        every layer of both attends to the whole context. Such a layer's cache keeps only the last window - 1 tokens
+        once the window fills, and cannot then be cut back after a rejection: speculation decodes within it
+        (ssd.decoding.check_prompt)."""
+        windows = [(w, _model_name(m)) for m in (self.draft, self.target) if (w := sliding_window(m)) is not None]
+        return min(windows) if windows else None
+
+
+def sliding_window(model) -> int | None:
+    """The smallest attention window among the model's layers, read off the cache transformers builds for its config
+    (sliding and chunked attention alike), or None where every layer sees the whole context."""
+    layers = DynamicCache(config=model.config).layers
+    windows = [int(layer.sliding_window) for layer in layers if getattr(layer, "is_sliding", False)]
+    return min(windows) if windows else None
 
 
 def _model_name(model) -> str:
