@@ -8,13 +8,25 @@ Every method has one shape, ``generate(pair, prompt_ids, config, generator) -> (
     >>> tokens, trace = ssd.generate_sd(pair, ids, ssd.DecodeConfig(k=4), torch.Generator().manual_seed(0))
     >>> trace.to_frame()                            # one row per round
 """
-from .decoding import DecodeConfig, generate_ar, generate_sd
-from .methods import METHODS, get_method
-from .models import Pair, load_pair, tiny_pair
-from .prompts import Prompt, encode, load_prompts
-from .trace import Round, Trace
+import importlib
 
-__all__ = [
-    "DecodeConfig", "generate_ar", "generate_sd", "METHODS", "get_method", "Pair", "load_pair", "tiny_pair",
-    "Prompt", "encode", "load_prompts", "Round", "Trace",
-]
+# The names below load on first use (PEP 562), so that `python -m ssd --help`, which imports this package first,
+# answers before torch and transformers load.
+_EXPORTS = {
+    "DecodeConfig": "decoding", "generate_ar": "decoding", "generate_sd": "decoding",
+    "METHODS": "methods", "get_method": "methods",
+    "Pair": "models", "load_pair": "models", "tiny_pair": "models",
+    "Prompt": "prompts", "encode": "prompts", "load_prompts": "prompts",
+    "Round": "trace", "Trace": "trace",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'ssd' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

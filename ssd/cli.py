@@ -2,38 +2,27 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
-import pandas as pd
-import torch
+from .names import (AUTO, BACKUPS, DEFAULT_PAIR, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
+                    PRECISION_CHOICES, STRATEGIES)
 
-from . import bench, course, experiments, gpu_check, profile, sweep
-from .cores import check_cores
-from .devices import drafter_device, resolve_device
-from .methods import METHODS, get_method, parse_methods, parse_variant
-from .files import cache_dir, write_csv, write_json
-from .models import DEFAULT_PAIR, PAIRS, ModelLoadError, load_pair
-from .precision import CHOICES, capability_line, check_precision
-from .outcomes import STRATEGIES, check_strategy
-from .pipeline import PipelineConfig, close_pipelines, serve_torchrun, stop_unused_torchrun_drafter
-from .prompts import Prompt, encode, first_turns, load_prompts
-from .ssd import BACKUPS, SSDConfig
-from .transport import PipelineError, env_rank
-from .tuning import AUTO, is_auto, on_auto
+# Only the names above load with the parser: --help and every argument error answer before torch does. The commands
+# (ssd.commands) import the kit when one runs.
 
 
 def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
     p.add_argument("--pair", default=DEFAULT_PAIR,
-                   help=f"a named offline pair ({', '.join(PAIRS)}) or two hub ids 'DRAFT,TARGET' (default {DEFAULT_PAIR})")
+                   help=f"a named offline pair ({', '.join(PAIR_NAMES)}) or two hub ids 'DRAFT,TARGET' "
+                   f"(default {DEFAULT_PAIR})")
     p.add_argument("--device", default=device, help=f"device of both models: auto (CUDA, else MPS, else the CPU), "
                    f"cpu, cuda, cuda:N or mps (default {device}); on a GPU auto precisions are bfloat16 (MPS: float16)")
-    p.add_argument("--target-dtype", default="auto", help=f"{' | '.join(CHOICES)}: the target's precision; auto (the "
-                   "default) times the candidates once on this machine and keeps the faster verify pass (float32 is "
-                   "the exact reference)")
-    p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(CHOICES)}: the draft's precision (int8: int8 "
-                   "linear layers, CPU only); auto keeps the fastest one-token step")
+    p.add_argument("--target-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the target's precision; "
+                   "auto (the default) times the candidates once on this machine and keeps the faster verify pass "
+                   "(float32 is the exact reference)")
+    p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the draft's precision "
+                   "(int8: int8 linear layers, CPU only); auto keeps the fastest one-token step")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -76,15 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="decode one prompt and print the text")
     add_decoding_args(gen)
-    gen.add_argument("--method", default="sd", help=f"one of {', '.join(METHODS)} (default sd)")
+    gen.add_argument("--method", default="sd", help=f"one of {', '.join(METHOD_NAMES)} (default sd)")
     gen.add_argument("--prompt", required=True, help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
 
     b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a summary per method and one per "
                        "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
-    b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHODS)} (default ar,sd); a "
-                   "variant sets its own k or budget, e.g. sd:k=2,sd:k=auto,ssd-pipeline:k=4:budget=8")
+    b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHOD_NAMES)} (default "
+                   "ar,sd); a variant sets its own k or budget, e.g. sd:k=2,sd:k=auto,ssd-pipeline:k=4:budget=8")
     b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
                    "with :N (the first N), [a:b] (a slice) or @N (the first N of each category), e.g. question.jsonl@2 "
                    "(default humaneval:8)")
@@ -129,175 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests and a short bench in float32 and "
                        "bfloat16, within 8 minutes, into data/gpu_check.json; without a GPU it stops at once")
-    g.add_argument("--json", default=gpu_check.OUT, help=f"where the result goes (default {gpu_check.OUT})")
-    g.add_argument("--budget-s", type=float, default=gpu_check.BUDGET_S, help="the whole check's time limit in "
-                   f"seconds (default {gpu_check.BUDGET_S:.0f}); a step that would not fit is skipped and said")
+    g.add_argument("--json", default=GPU_CHECK_OUT, help=f"where the result goes (default {GPU_CHECK_OUT})")
+    g.add_argument("--budget-s", type=float, default=GPU_CHECK_BUDGET_S, help="the whole check's time limit in "
+                   f"seconds (default {GPU_CHECK_BUDGET_S:.0f}); a step that would not fit is skipped and said")
     return parser
-
-
-def setup(args) -> tuple[object, SSDConfig]:
-    # A PipelineConfig is an SSDConfig that also carries the pipeline's cores; every other method ignores them.
-    config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                            budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
-                            backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
-                            drafter_cores=args.drafter_cores)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    return load(args), config
-
-
-def load(args):
-    """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
-    check_precision(args.target_dtype, "target_dtype")  # bad input fails before minutes of loading
-    check_precision(args.draft_dtype, "draft_dtype")
-    pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
-    print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
-    return pair
-
-
-def cmd_generate(args) -> None:
-    method = get_method(args.method)
-    pair, config = setup(args)
-    ids = encode(pair.tokenizer, Prompt("cli", args.prompt, chat=args.chat))
-    tokens, trace = method(pair, ids, config, torch.Generator().manual_seed(args.seed))
-    print(pair.tokenizer.decode(tokens))
-    stats = f"{len(tokens)} tokens in {trace.wall_s:.2f} s ({len(tokens) / trace.wall_s:.2f} tokens/s)"
-    if trace.acceptance_rate is not None:
-        stats += f", acceptance {trace.acceptance_rate:.2f}, {trace.tokens_per_round:.2f} tokens per round"
-    if trace.hit_rate is not None:
-        stats += f", hit rate {trace.hit_rate:.2f}"
-    print(f"[{args.method}] {stats}", file=sys.stderr)
-
-
-def cmd_bench(args) -> None:
-    methods = parse_methods(args.methods)
-    if "ssd-pipeline" in methods and env_rank() is None:  # one GPU: say so before minutes of loading
-        drafter_device(resolve_device(args.device), spawned=True)
-    prompts = load_prompts(args.prompts)
-    if args.first_turns:
-        prompts = first_turns(prompts)
-    pair, config = setup(args)
-    latencies = None
-    if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
-        latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
-    if on_auto(config) or any(is_auto(v) for m in methods for v in parse_variant(m)[1].values()):
-        # auto K or B: priced on the profile of the ranks' cores (measured once, then read from the user cache)
-        latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
-                                                        drafter_cores=args.drafter_cores)
-        config = dataclasses.replace(config, latencies=latencies)
-    checkpoint = f"{args.json}.partial" if args.json else None
-    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)
-    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
-              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
-    print(bench.summary_table(result["summary"]))
-    print()
-    print(bench.category_table(result["categories"]))
-    if args.csv:
-        write_csv(pd.DataFrame(result["rows"]), args.csv)
-        print(f"wrote {args.csv}", file=sys.stderr)
-    if args.json:
-        write_json(args.json, result)
-        if os.path.exists(checkpoint):
-            os.remove(checkpoint)  # the result is safe: a rerun measures afresh
-        print(f"wrote {args.json}", file=sys.stderr)
-
-
-def cmd_hit_rates(args) -> None:
-    """One SSD run at the largest budget (jit backup, C = 1), every smaller budget and strategy counterfactually."""
-    budgets = sorted({int(b) for b in args.budgets.split(",")})
-    strategies = [s.strip() for s in args.strategies.split(",")]
-    for s in strategies:
-        check_strategy(s)
-    if is_auto(args.k):
-        raise ValueError("k='auto' changes K as the run goes; hit-rates reads every budget off one run at a fixed K: "
-                         "give an integer k")
-    if args.backup != "jit" or args.saguaro_c != 1.0:
-        raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
-                         "--saguaro-c 1 (see ssd.ssd.counterfactual_hits)")
-    args.budget = max(budgets)
-    prompts = load_prompts(args.prompts)
-    pair, config = setup(args)
-    rounds = experiments.ssd_rounds(pair, prompts, config, seed=args.seed)
-    curves = experiments.hit_rate_curves(rounds, budgets, config.k, strategies, a_p=config.a_p, r=config.r)
-    table = experiments.mean_ci(curves, ["strategy", "budget"], "hit_rate")
-    write_csv(rounds, f"{args.out}_rounds.csv")
-    write_csv(curves, f"{args.out}.csv")
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"acceptance rate {rounds.accepted.sum() / rounds.draft_len.sum():.3f}, {len(rounds)} rounds; "
-          f"wrote {args.out}.csv and {args.out}_rounds.csv", file=sys.stderr)
-
-
-def cmd_course(args) -> int:
-    only = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else None
-    seconds = course.run_course(args.notebooks, args.out, only)
-    print("\n".join(f"{name:32s} {s:6.0f} s" for name, s in seconds.items()))
-    return 0
-
-
-def cmd_sweep(args) -> int:
-    grid = sweep.load_grid(args.grid)
-    try:
-        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=args.data_dir, runs_dir=args.runs_dir,
-                                 dry_run=args.dry_run)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the children are stopped, the points done are kept
-        print("sweep interrupted; the points finished so far are recorded, a rerun runs the rest", file=sys.stderr)
-        return 130
-    if failed:
-        print(f"error: {len(failed)} point(s) failed and were not recorded (a rerun retries them): "
-              f"{', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_profile(args) -> None:
-    if args.reps < 1:
-        raise ValueError(f"reps must be >= 1, got {args.reps}")
-    check_cores(args.verifier_cores, "verifier_cores")
-    check_cores(args.drafter_cores, "drafter_cores")
-    pair = load(args)
-    result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps)
-    frame = result.to_frame()
-    print(f"{pair.name}, {pair.precisions.label}; {capability_line(result.capability)}")
-    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}")
-    print(frame.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    for role in ("target", "draft"):
-        print(f"{role}: memory {result.bandwidth_gbs[role]:.1f} GB/s, a step reads {result.step_bytes[role] / 1e9:.2f} "
-              f"GB: floor {result.floor_ms(role):.0f} ms, measured {frame[frame.role == role].ms.iloc[0]:.0f} ms")
-    if args.json:
-        profile.save(result, args.json)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.store:
-        path = os.path.join(args.store, profile.stored_name(result))
-        os.makedirs(args.store, exist_ok=True)
-        profile.save(result, path)
-        print(f"wrote {path}", file=sys.stderr)
-    if args.figure:
-        from . import plots  # matplotlib only when a figure is asked for
-
-        fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
-        print(f"wrote {plots.save(fig, args.figure)}", file=sys.stderr)
-        plots.plt.close(fig)  # a command draws one figure; leave pyplot as it was
-
-
-def cmd_models(args) -> None:
-    for name in PAIRS:
-        print(f"{name}{' (default)' if name == DEFAULT_PAIR else ''}")
-    print("or any two hub ids with one tokenizer: --pair DRAFT,TARGET (e.g. distilgpt2,gpt2-medium; needs the hub)")
-    print(f"weight cache: {cache_dir()}")
-
-
-def cmd_gpu_check(args) -> int:
-    return gpu_check.run(args.json, budget_s=args.budget_s)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from . import commands  # the kit (torch, transformers) loads only now, for a command that runs
+    from .pair import ModelLoadError
+    from .transport import PipelineError
+
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "hit-rates": cmd_hit_rates, "sweep": cmd_sweep,
-                    "course": cmd_course, "profile": cmd_profile, "models": cmd_models, "gpu-check": cmd_gpu_check}
-        return commands[args.command](args) or 0
+        return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args) or 0
     except (ValueError, ModelLoadError) as e:  # bad input, or a model that cannot be had: one clear line
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -306,7 +140,7 @@ def main(argv=None) -> int:
         return 1
 
 
-def one_line(error: PipelineError) -> str:
+def one_line(error) -> str:
     """A pipeline fault's message without the drafter's traceback: rank 0's cause, then the traceback's last line
     (the drafter's exception) where it sent one."""
     first, *rest = str(error).splitlines()
@@ -317,6 +151,12 @@ def one_line(error: PipelineError) -> str:
 def torchrun_main(argv=None) -> int:
     """torchrun's entry (`python -m ssd.torchrun ARGS`): rank 0 runs `python -m ssd ARGS` (use the method ssd-pipeline
     there); rank 1 loads the draft of --pair on --drafter-cores (or its GPU) and serves drafts until rank 0 is done."""
+    import torch
+
+    from .devices import resolve_device
+    from .pipeline import close_pipelines, serve_torchrun, stop_unused_torchrun_drafter
+    from .transport import env_rank
+
     rank = env_rank()
     if rank is None:
         print("ssd.torchrun runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.torchrun bench --methods "

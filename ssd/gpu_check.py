@@ -30,10 +30,11 @@ import torch
 
 from .devices import accelerator, why_no_cuda
 from .files import write_json
+from .names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT
 from .precision import accelerator_precision, device_name
 
-OUT = "data/gpu_check.json"
-BUDGET_S = 480.0  # the whole check, tests and benches together
+OUT = GPU_CHECK_OUT
+BUDGET_S = GPU_CHECK_BUDGET_S
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests" / "test_gpu.py"

@@ -24,6 +24,7 @@ from .devices import resolve_device
 from .files import cache_dir
 from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
                          transformers_bars)
+from .names import DEFAULT_PAIR
 from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
                    ready)
 from .precision import (AUTO_K, Precisions, accelerator_auto, candidates, capability, check_precision,
@@ -31,7 +32,6 @@ from .precision import (AUTO_K, Precisions, accelerator_auto, candidates, capabi
 from .profile import forward_ms
 from .tiny import TINY_PAIR, ToyTokenizer, tiny_pair  # noqa: F401  (load_pair("tiny"); and for users of ssd.models)
 
-DEFAULT_PAIR = "qwen2.5-coder"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-STRATEGIES = ("uniform", "geometric", "calibrated")
+from .names import STRATEGIES
+
 KINDS = ("recovered", "bonus")  # positions k < K, where a drafted token was rejected, and k = K, all accepted
 
 

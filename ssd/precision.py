@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-PRECISIONS = ("float32", "bfloat16", "float16", "int8")
-CHOICES = PRECISIONS + ("auto",)
+from .names import PRECISION_CHOICES as CHOICES, PRECISIONS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MARGIN = 0.10  # a reduced-precision target must verify at least 10% faster than float32 to be chosen
 AUTO_K = 4  # the draft length the target's verify pass is timed at (K + 1 = 5 tokens)

@@ -26,12 +26,12 @@ from .decoding import Checked, DecodeConfig, Verifier, check_prompt
 from .outcomes import Calibrator, allocate, candidates, check_budget, check_strategy, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import check_saguaro_c, uniforms
+from .names import BACKUPS
 from .trace import SSDRound, Stopwatch, Trace
 from .tuning import carried_calibrator, is_auto, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
-BACKUPS = ("jit", "fast")
 BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's drafts come from, by Draft.source
 
 

@@ -7,9 +7,9 @@ import functools
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from .names import TINY_PAIR
 from .pair import Pair, ready
 
-TINY_PAIR = "tiny"
 
 
 def _tiny_config(vocab_size, hidden_size, num_layers, max_context, init_std) -> Qwen2Config:

@@ -38,10 +38,10 @@ from typing import Callable
 
 import pandas as pd
 
+from .names import AUTO
 from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import expected_tokens, theorem7_from_profile
 
-AUTO = "auto"  # the value of k or budget that asks for the choice
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 BUDGETS = (1, 2, 4, 8, 16, 32)

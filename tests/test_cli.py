@@ -104,3 +104,28 @@ def test_the_bench_command_writes_csv_and_json_and_leaves_no_checkpoint(tmp_path
     assert main(argv) == 0
     assert json_path.exists() and not (tmp_path / "b.json.partial").exists()
     assert list(pd.read_csv(csv_path).method) == ["ar", "sd"]
+
+
+def test_help_and_argument_errors_answer_before_torch_loads():
+    """`python -m ssd --help` and an argument error import neither torch nor transformers: they answer at once
+    (the kit loads in ssd.commands, when a command runs)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, contextlib, io\n"
+             "from ssd import cli\n"
+             "for argv in (['--help'], ['bench', '--k', 'x']):\n"
+             "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), "
+             "contextlib.redirect_stderr(io.StringIO()):\n"
+             "        cli.main(argv)\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_names_the_parser_offers_are_the_kits_own():
+    from ssd import names
+    from ssd.methods import METHODS
+    from ssd.models import PAIRS
+
+    assert tuple(METHODS) == names.METHOD_NAMES and tuple(PAIRS) == names.PAIR_NAMES

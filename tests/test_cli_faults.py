@@ -31,7 +31,7 @@ def test_a_pipeline_fault_prints_its_cause_alone(monkeypatch, capsys):
     def fault(*args):
         raise PipelineError(message)
 
-    monkeypatch.setattr("ssd.cli.cmd_models", fault)
+    monkeypatch.setattr("ssd.commands.cmd_models", fault)
     assert main(["models"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: ssd-pipeline: the link to the other rank broke while sending the outcome of round 3; the "

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ssd.devices
-from ssd import cli, gpu_check, models
+from ssd import cli, commands, gpu_check, models
 from ssd.devices import accelerator, drafter_device, resolve_device
 from ssd.models import load_pair, tiny_pair
 from ssd.pipeline import Pipeline
@@ -128,7 +128,7 @@ def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(mon
     assert "error: device='cuda' but torch.cuda.is_available() is False" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(cli, "load", lambda args: pytest.fail("loaded a pair"))
+    monkeypatch.setattr(commands, "load", lambda args: pytest.fail("loaded a pair"))
     assert cli.main(["bench", "--pair", "tiny", "--device", "cuda", "--methods", "ar,ssd-pipeline"]) == 2
     assert "the pipeline needs a second GPU" in capsys.readouterr().err
 

@@ -21,7 +21,8 @@ import torch
 import ssd.methods
 import ssd.pipeline
 from ssd.bench import run_one, summarize
-from ssd.cli import build_parser, main, setup
+from ssd.cli import build_parser, main
+from ssd.commands import setup
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.methods import get_method
 from ssd.models import Pair, load_pair, tiny_pair

@@ -1,0 +1,182 @@
+"""What each command of ``python -m ssd`` does (``ssd.cli`` parses the arguments and calls one of these): load the
+pair, run, print and write. Imported only once a command runs, so that the parser answers at once."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pandas as pd
+import torch
+
+from . import bench, course, experiments, gpu_check, profile, sweep
+from .cores import check_cores
+from .devices import drafter_device, resolve_device
+from .files import cache_dir, write_csv, write_json
+from .methods import get_method, parse_methods, parse_variant
+from .models import DEFAULT_PAIR, PAIRS, load_pair
+from .outcomes import check_strategy
+from .pipeline import PipelineConfig
+from .precision import capability_line, check_precision
+from .prompts import Prompt, encode, first_turns, load_prompts
+from .ssd import SSDConfig
+from .transport import env_rank
+from .tuning import is_auto, on_auto
+
+
+def setup(args) -> tuple[object, SSDConfig]:
+    # A PipelineConfig is an SSDConfig that also carries the pipeline's cores; every other method ignores them.
+    config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                            budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
+                            backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
+                            drafter_cores=args.drafter_cores)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    return load(args), config
+
+
+def load(args):
+    """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
+    check_precision(args.target_dtype, "target_dtype")  # bad input fails before minutes of loading
+    check_precision(args.draft_dtype, "draft_dtype")
+    pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
+    print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
+    return pair
+
+
+def cmd_generate(args) -> None:
+    method = get_method(args.method)
+    pair, config = setup(args)
+    ids = encode(pair.tokenizer, Prompt("cli", args.prompt, chat=args.chat))
+    tokens, trace = method(pair, ids, config, torch.Generator().manual_seed(args.seed))
+    print(pair.tokenizer.decode(tokens))
+    stats = f"{len(tokens)} tokens in {trace.wall_s:.2f} s ({len(tokens) / trace.wall_s:.2f} tokens/s)"
+    if trace.acceptance_rate is not None:
+        stats += f", acceptance {trace.acceptance_rate:.2f}, {trace.tokens_per_round:.2f} tokens per round"
+    if trace.hit_rate is not None:
+        stats += f", hit rate {trace.hit_rate:.2f}"
+    print(f"[{args.method}] {stats}", file=sys.stderr)
+
+
+def cmd_bench(args) -> None:
+    methods = parse_methods(args.methods)
+    if "ssd-pipeline" in methods and env_rank() is None:  # one GPU: say so before minutes of loading
+        drafter_device(resolve_device(args.device), spawned=True)
+    prompts = load_prompts(args.prompts)
+    if args.first_turns:
+        prompts = first_turns(prompts)
+    pair, config = setup(args)
+    latencies = None
+    if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
+        latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
+    if on_auto(config) or any(is_auto(v) for m in methods for v in parse_variant(m)[1].values()):
+        # auto K or B: priced on the profile of the ranks' cores (measured once, then read from the user cache)
+        latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
+                                                        drafter_cores=args.drafter_cores)
+        config = dataclasses.replace(config, latencies=latencies)
+    checkpoint = f"{args.json}.partial" if args.json else None
+    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)
+    result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
+              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
+    print(bench.summary_table(result["summary"]))
+    print()
+    print(bench.category_table(result["categories"]))
+    if args.csv:
+        write_csv(pd.DataFrame(result["rows"]), args.csv)
+        print(f"wrote {args.csv}", file=sys.stderr)
+    if args.json:
+        write_json(args.json, result)
+        if os.path.exists(checkpoint):
+            os.remove(checkpoint)  # the result is safe: a rerun measures afresh
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
+def cmd_hit_rates(args) -> None:
+    """One SSD run at the largest budget (jit backup, C = 1), every smaller budget and strategy counterfactually."""
+    budgets = sorted({int(b) for b in args.budgets.split(",")})
+    strategies = [s.strip() for s in args.strategies.split(",")]
+    for s in strategies:
+        check_strategy(s)
+    if is_auto(args.k):
+        raise ValueError("k='auto' changes K as the run goes; hit-rates reads every budget off one run at a fixed K: "
+                         "give an integer k")
+    if args.backup != "jit" or args.saguaro_c != 1.0:
+        raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
+                         "--saguaro-c 1 (see ssd.ssd.counterfactual_hits)")
+    args.budget = max(budgets)
+    prompts = load_prompts(args.prompts)
+    pair, config = setup(args)
+    rounds = experiments.ssd_rounds(pair, prompts, config, seed=args.seed)
+    curves = experiments.hit_rate_curves(rounds, budgets, config.k, strategies, a_p=config.a_p, r=config.r)
+    table = experiments.mean_ci(curves, ["strategy", "budget"], "hit_rate")
+    write_csv(rounds, f"{args.out}_rounds.csv")
+    write_csv(curves, f"{args.out}.csv")
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"acceptance rate {rounds.accepted.sum() / rounds.draft_len.sum():.3f}, {len(rounds)} rounds; "
+          f"wrote {args.out}.csv and {args.out}_rounds.csv", file=sys.stderr)
+
+
+def cmd_course(args) -> int:
+    only = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else None
+    seconds = course.run_course(args.notebooks, args.out, only)
+    print("\n".join(f"{name:32s} {s:6.0f} s" for name, s in seconds.items()))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    grid = sweep.load_grid(args.grid)
+    try:
+        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=args.data_dir, runs_dir=args.runs_dir,
+                                 dry_run=args.dry_run)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the children are stopped, the points done are kept
+        print("sweep interrupted; the points finished so far are recorded, a rerun runs the rest", file=sys.stderr)
+        return 130
+    if failed:
+        print(f"error: {len(failed)} point(s) failed and were not recorded (a rerun retries them): "
+              f"{', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_profile(args) -> None:
+    if args.reps < 1:
+        raise ValueError(f"reps must be >= 1, got {args.reps}")
+    check_cores(args.verifier_cores, "verifier_cores")
+    check_cores(args.drafter_cores, "drafter_cores")
+    pair = load(args)
+    result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps)
+    frame = result.to_frame()
+    print(f"{pair.name}, {pair.precisions.label}; {capability_line(result.capability)}")
+    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}")
+    print(frame.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    for role in ("target", "draft"):
+        print(f"{role}: memory {result.bandwidth_gbs[role]:.1f} GB/s, a step reads {result.step_bytes[role] / 1e9:.2f} "
+              f"GB: floor {result.floor_ms(role):.0f} ms, measured {frame[frame.role == role].ms.iloc[0]:.0f} ms")
+    if args.json:
+        profile.save(result, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.store:
+        path = os.path.join(args.store, profile.stored_name(result))
+        os.makedirs(args.store, exist_ok=True)
+        profile.save(result, path)
+        print(f"wrote {path}", file=sys.stderr)
+    if args.figure:
+        from . import plots  # matplotlib only when a figure is asked for
+
+        fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
+        print(f"wrote {plots.save(fig, args.figure)}", file=sys.stderr)
+        plots.plt.close(fig)  # a command draws one figure; leave pyplot as it was
+
+
+def cmd_models(args) -> None:
+    for name in PAIRS:
+        print(f"{name}{' (default)' if name == DEFAULT_PAIR else ''}")
+    print("or any two hub ids with one tokenizer: --pair DRAFT,TARGET (e.g. distilgpt2,gpt2-medium; needs the hub)")
+    print(f"weight cache: {cache_dir()}")
+
+
+def cmd_gpu_check(args) -> int:
+    return gpu_check.run(args.json, budget_s=args.budget_s)
+
