@@ -33,8 +33,6 @@ from .files import write_json
 from .names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT
 from .precision import accelerator_precision, device_name
 
-OUT = GPU_CHECK_OUT
-BUDGET_S = GPU_CHECK_BUDGET_S
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests" / "test_gpu.py"
@@ -135,9 +133,9 @@ def header(device: torch.device, gpus: int) -> dict:
             "transformers": transformers.__version__, "python": sys.version.split()[0]}
 
 
-def run(out: str = OUT, budget_s: float = BUDGET_S, *, device: torch.device | None = None, gpus: int | None = None,
-        step=execute, python: str = sys.executable, say=lambda line: print(f"gpu-check: {line}", file=sys.stderr,
-                                                                           flush=True)) -> int:
+def run(out: str = GPU_CHECK_OUT, budget_s: float = GPU_CHECK_BUDGET_S, *, device: torch.device | None = None,
+        gpus: int | None = None, step=execute, python: str = sys.executable,
+        say=lambda line: print(f"gpu-check: {line}", file=sys.stderr, flush=True)) -> int:
     """The whole check; returns the exit status (0: every check held; 1: one failed; 2: no GPU here)."""
     device = device or accelerator()
     if device is None:
