@@ -16,7 +16,7 @@ from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import check_temperature, probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
-from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, is_auto, sd_tuner, with_latencies
+from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, is_auto, sd_tuner, with_latencies
 from .verify import Verdict, verify
 
 
@@ -68,7 +68,7 @@ def check_window(pair, prompt_len: int, config) -> None:
     if pair.attention_window is None:
         return
     window, model = pair.attention_window
-    k = max(SD_KS) if is_auto(config.k) else config.k
+    k = max(SD_KS + SSD_KS) if is_auto(config.k) else config.k  # SD and SSD weigh their own candidates
     budget = getattr(config, "budget", 0)
     budget = max(BUDGETS) if is_auto(budget) else budget
     in_flight = k * (budget + 1) + 1
