@@ -7,6 +7,9 @@ Every method has one shape, ``generate(pair, prompt_ids, config, generator) -> (
     >>> ids = ssd.encode(pair.tokenizer, "def fib(n):")
     >>> tokens, trace = ssd.generate_sd(pair, ids, ssd.DecodeConfig(k=4), torch.Generator().manual_seed(0))
     >>> trace.to_frame()                            # one row per round
+
+Given a list of prompts, a method decodes them as one batch (one forward per step over all of them) and returns a
+list of token lists and a list of traces.
 """
 import importlib
 

@@ -41,22 +41,40 @@ CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar"
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
-    """One answer of a method (or a variant, ``ssd.methods``) and its row."""
+    """One answer of a method (or a variant, ``ssd.methods``) and its row: a batch of one."""
+    return run_batch(method, pair, [prompt_ids], config, seed)[0]
+
+
+def run_batch(method: str, pair, contexts: list[list[int]], config: DecodeConfig, seed: int
+              ) -> list[tuple[list[int], dict, Trace]]:
+    """A batch of answers of a method in one call (all its rows share every forward), and a row for each.
+
+    A row's wall_s is the call's: what each sequence of the batch waited. Its tokens_per_s is its share of the
+    batch's throughput, new tokens over wall_s / b (over a batch their mean is the batch's total tokens/s; b = 1:
+    the answer's own rate); sequence_tokens_per_s is its own rate, new tokens over wall_s (per-sequence latency).
+    """
     generate, config = resolve(method, config)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    tokens, trace = generate(pair, prompt_ids, config, generator)
+    answers, traces = generate(pair, contexts, config, generator)
     wall = time.perf_counter() - start
+    return [(tokens, _row(method, tokens, trace, wall, len(contexts)), trace) for tokens, trace in zip(answers, traces)]
+
+
+def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> dict:
     drafting = [r for r in trace.rounds if r.draft_len > 0]
     budgets = [r.budget for r in trace.rounds if getattr(r, "budget", None) is not None]
-    return tokens, {
+    all_hit = [r.all_hit for r in trace.rounds if getattr(r, "all_hit", None) is not None]
+    return {
         "method": method,
+        "batch_size": b,
         "new_tokens": len(tokens),
         "wall_s": wall,
-        "tokens_per_s": len(tokens) / wall,
+        "tokens_per_s": len(tokens) * b / wall,
+        "sequence_tokens_per_s": len(tokens) / wall,
         # The paper's measure: tokens over the time after the prompt's pass (None where a peer does not say).
         "prefill_s": trace.prefill_s,
-        "decode_tokens_per_s": len(tokens) / trace.decode_s if trace.decode_s else None,
+        "decode_tokens_per_s": len(tokens) * b / trace.decode_s if trace.decode_s else None,
         "drafted": trace.drafted,
         "accepted": sum(r.accepted for r in trace.rounds),
         "rounds": len(trace.rounds),
@@ -65,18 +83,26 @@ def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> t
         # Tokens per target forward: Spec-Bench's "mean accepted tokens" (1 for AR; None where a peer has no rounds).
         "tokens_per_round": trace.tokens_per_round,
         "hit_rate": trace.hit_rate,
+        # SSD at batch b: the share of this sequence's rounds in which every sequence of the batch hit
+        "all_hit_rate": sum(all_hit) / len(all_hit) if all_hit else None,
         # The K and B the rounds used (the tuner's choices with k or budget "auto"): K over rounds that drafted.
         "drafting_rounds": len(drafting),
         "mean_k": sum(r.draft_len for r in drafting) / len(drafting) if drafting else None,
         "mean_budget": sum(budgets) / len(budgets) if budgets else None,
-    }, trace
+    }
 
 
-def warm_up(pair, prompt_ids, methods: list[str], config: DecodeConfig) -> None:
-    """One short untimed call per method: first calls pay for allocator growth and lazy initialisation."""
+def batch_size_of(method: str, config: DecodeConfig) -> int:
+    """How many prompts a method (or a variant that sets batch_size) decodes at once in a bench."""
+    return resolve(method, config)[1].batch_size
+
+
+def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeConfig) -> None:
+    """One short untimed call per method, at its batch size: first calls pay for allocator growth and lazy
+    initialisation."""
     short = dataclasses.replace(config, max_new_tokens=min(8, config.max_new_tokens))
     for method in methods:
-        run_one(method, pair, prompt_ids, short, seed=0)
+        run_batch(method, pair, contexts[: batch_size_of(method, config)], short, seed=0)
 
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
@@ -86,38 +112,47 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
 
     A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
-    (at temperature 0 every lossless method's answer is AR's, so all see the same context). The methods run every
-    turn before the next turn starts, in an order rotated from answer to answer; answer j uses seed + j.
+    (at temperature 0 every lossless method's answer is AR's, so all see the same context).
+
+    Batches: prompts go in groups as large as the largest batch size among the methods (config.batch_size, or a
+    variant's ``batch_size=``); each method answers a group's turn in calls of its own batch size, and every method
+    answers it before the next turn or group starts, in an order rotated from group to group. Answer j (over the
+    whole run) is the first of its call, or alone, with seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
     latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it. checkpoint: a path where
-    the rows so far are kept after each prompt, and read back by a later run of the same arguments, which goes on
-    from the next prompt (the caller removes it once the result is safe).
+    the rows so far are kept after each group, and read back by a later run of the same arguments, which goes on
+    from the next group (the caller removes it once the result is safe).
     """
     for p in prompts:  # a template that rewrites answers fails here, not after minutes of decoding
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
     identity = _identity(pair, prompts, methods, config, seed)
     rows, rounds, done = _resume(checkpoint, identity)
+    size = max(batch_size_of(m, config) for m in methods)
     if done < len(prompts):
-        warm_up(pair, encode(pair.tokenizer, prompts[done]), methods, config)
+        warm_up(pair, [encode(pair.tokenizer, p) for p in prompts[done : done + size]], methods, config)
     j = sum(len(p.turns) for p in prompts[:done])  # the answer's index over the whole run
     bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), initial=j * len(methods), desc="bench",
                disable=not progress)
-    for n, prompt in enumerate(prompts[done:], start=done):
-        answers = {method: [] for method in methods}  # each method's own answers so far: its next turn's context
-        for turn in range(len(prompt.turns)):
-            contexts = {method: encode(pair.tokenizer, prompt, answers[method]) for method in methods}
+    for first in range(done, len(prompts), size):
+        group = prompts[first : first + size]
+        answers = {method: [[] for _ in group] for method in methods}  # each method's answers so far, by prompt
+        for turn in range(max(len(p.turns) for p in group)):
+            members = [i for i, p in enumerate(group) if turn < len(p.turns)]
+            contexts = {method: [encode(pair.tokenizer, group[i], answers[method][i]) for i in members]
+                        for method in methods}
             order = methods[j % len(methods):] + methods[: j % len(methods)]
-            turn_rows, runs = _run_turn(pair, prompt, turn, contexts, order, config, seed + j, profile, bar)
+            turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed + j,
+                                        profile, bar)
             _report_identity(pair, config, turn_rows, runs, contexts, seed + j)
-            for method, tokens, _, frame in runs:
-                answers[method].append(_without_eos(tokens, pair.eos_token_ids))
+            for method, i, tokens, _, frame in runs:
+                answers[method][members[i]].append(_without_eos(tokens, pair.eos_token_ids))
                 if frame is not None:
                     rounds.append(frame)
             rows += turn_rows
-            j += 1
+            j += len(members)
         if checkpoint:
-            write_json(checkpoint, {"identity": identity, "prompts_done": n + 1, "rows": rows,
+            write_json(checkpoint, {"identity": identity, "prompts_done": first + len(group), "rows": rows,
                                     "rounds": [r for f in rounds for r in f.to_dict("records")]})
     bar.close()
     frame = pd.DataFrame(rows)
@@ -149,24 +184,32 @@ def _resume(checkpoint: str | None, identity: dict) -> tuple[list[dict], list[pd
     return state["rows"], [rounds] if len(rounds) else [], state["prompts_done"]
 
 
-def _run_turn(pair, prompt, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):
-    """Every method, in the given order, answers one turn of a prompt from its own context. Returns the rows and
-    (method, tokens, trace, its frame or None) per run."""
-    answer_id = prompt.id if turn == 0 else f"{prompt.id}/turn{turn + 1}"
+def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):
+    """Every method, in the given order, answers one turn of each member prompt from its own contexts, in calls of
+    its batch size (the call starting at member i with seed + i). Returns the rows and (method, member index,
+    tokens, trace, its frame or None) per answer."""
     rows, runs = [], []
     for method in order:
-        bar.set_postfix_str(f"{answer_id} {method}")
-        tokens, row, trace = run_one(method, pair, contexts[method], config, seed=seed)
-        # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
-        frame = trace.to_frame().assign(method=method) if trace.rounds else None
-        if profile is not None and _is_ssd(method):  # Theorem 7 fed by the profile
-            row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
-        rows.append({"prompt_id": answer_id, "category": prompt.category, "turn": turn + 1,
-                     "prompt_tokens": len(contexts[method]), "target_dtype": pair.precisions.target,
-                     "draft_dtype": pair.precisions.draft, **row})
-        runs.append((method, tokens, trace, frame))
-        bar.update()
+        b = batch_size_of(method, config)
+        for start in range(0, len(members), b):
+            bar.set_postfix_str(f"{_answer_id(members[start], turn)} {method}" + (f" x{b}" if b > 1 else ""))
+            answered = run_batch(method, pair, contexts[method][start : start + b], config, seed=seed + start)
+            for i, (tokens, row, trace) in enumerate(answered, start=start):
+                prompt = members[i]
+                # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
+                frame = trace.to_frame().assign(method=method) if trace.rounds else None
+                if profile is not None and _is_ssd(method):  # Theorem 7 fed by the profile
+                    row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
+                rows.append({"prompt_id": _answer_id(prompt, turn), "category": prompt.category, "turn": turn + 1,
+                             "prompt_tokens": len(contexts[method][i]), "target_dtype": pair.precisions.target,
+                             "draft_dtype": pair.precisions.draft, **row})
+                runs.append((method, i, tokens, trace, frame))
+                bar.update()
     return rows, runs
+
+
+def _answer_id(prompt, turn: int) -> str:
+    return prompt.id if turn == 0 else f"{prompt.id}/turn{turn + 1}"
 
 
 def _without_eos(tokens: list[int], eos) -> list[int]:
@@ -175,16 +218,17 @@ def _without_eos(tokens: list[int], eos) -> list[int]:
 
 
 def _report_identity(pair, config: DecodeConfig, rows: list[dict], runs, contexts: dict, seed: int) -> None:
-    """Greedy runs: add to each row whether its tokens equal AR's from the same context (where not, the first
-    difference and AR's margin there). AR's own run serves where it ran that context; elsewhere (no ar among the
-    methods, or a method whose earlier answer left AR's) an untimed AR run does."""
+    """Greedy runs: add to each row whether its tokens equal AR's alone (batch size 1) from the same context (where
+    not, the first difference and AR's margin there). AR's own run serves where it ran that context alone; elsewhere
+    (no ar among the methods, ar in a batch, or a method whose earlier answer left AR's) an untimed AR run does."""
+    keys = [tuple(contexts[method][i]) for method, i, *_ in runs]
     if config.temperature > 0:
         for row in rows:
             row["identical_to_target"] = None
         return
-    references = {tuple(contexts["ar"]): (tokens, trace) for method, tokens, trace, _ in runs if method == "ar"}
-    for row, (method, tokens, _, _) in zip(rows, runs):
-        key = tuple(contexts[method])
+    references = {key: (tokens, trace) for key, (method, _, tokens, trace, _) in zip(keys, runs)
+                  if method == "ar" and trace.batch_size == 1}
+    for row, key, (_, _, tokens, _, _) in zip(rows, keys, runs):
         if key not in references:
             references[key] = generate_ar(pair, list(key), config, torch.Generator().manual_seed(seed))
         reference, trace = references[key]
@@ -204,9 +248,13 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                 "method": method,
                 "prompts": len(g),
                 "new_tokens": int(g["new_tokens"].sum()),
-                "wall_s": float(g["wall_s"].sum()),
-                "tokens_per_s": float(g["new_tokens"].sum() / g["wall_s"].sum()),
+                "batch_size": int(_batch_sizes(g).max()),
+                "wall_s": float(_machine_s(g).sum()),
+                "tokens_per_s": float(g["new_tokens"].sum() / _machine_s(g).sum()),
+                # the sequences' own rate: each answer's tokens over what it waited (per-sequence latency)
+                "sequence_tokens_per_s": float(g["new_tokens"].sum() / g["wall_s"].sum()),
                 "decode_tokens_per_s": _decode_rate(g),
+                "all_hit_rate": _mean_of(g, "all_hit_rate"),
                 "acceptance_rate": float(g["accepted"].sum() / drafted) if drafted else None,
                 "mean_accepted": float(g["accepted"].sum() / g.loc[g["drafted"] > 0, "rounds"].sum()) if drafted else None,
                 "mean_k": float(drafted / g["drafting_rounds"].sum()) if drafted and "drafting_rounds" in g else None,
@@ -309,11 +357,27 @@ def _differences(g: pd.DataFrame) -> dict:
     return out
 
 
+def _batch_sizes(g: pd.DataFrame) -> pd.Series:
+    """Each row's batch size (1 in results stored before batches)."""
+    return g["batch_size"].fillna(1) if "batch_size" in g else pd.Series(1, index=g.index)
+
+
+def _machine_s(g: pd.DataFrame) -> pd.Series:
+    """Each answer's share of the machine's time: its call's wall time over the call's batch size (b answers shared
+    it), so total new tokens over their sum is the total tokens/s."""
+    return g["wall_s"] / _batch_sizes(g)
+
+
+def _mean_of(g: pd.DataFrame, column: str) -> float | None:
+    values = g[column].dropna() if column in g else []
+    return float(values.mean()) if len(values) else None
+
+
 def _decode_rate(g: pd.DataFrame) -> float | None:
-    """Total new tokens over total wall time after the prompts' passes; None if a row did not time its prefill."""
+    """Total new tokens over the machine's time after the prompts' passes; None if a row did not time its prefill."""
     if "prefill_s" not in g or g["prefill_s"].isna().any():
         return None
-    return float(g["new_tokens"].sum() / (g["wall_s"] - g["prefill_s"]).sum())
+    return float(g["new_tokens"].sum() / ((g["wall_s"] - g["prefill_s"]) / _batch_sizes(g)).sum())
 
 
 def load_rows(path: str) -> pd.DataFrame:
@@ -344,9 +408,10 @@ def environment(device="cpu") -> dict:
 
 
 def summary_table(summary: list[dict]) -> str:
-    columns = ["method", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "decode_tokens_per_s",
+    columns = ["method", "batch_size", "new_tokens", "wall_s", "tokens_per_s", "sequence_tokens_per_s",
+               "speedup_vs_ar", "decode_tokens_per_s",
                "decode_speedup_vs_ar", "speedup_vs_peer",
-               "acceptance_rate", "mean_accepted", "mean_k", "mean_budget", "hit_rate", "t_p", "t_b",
+               "acceptance_rate", "mean_accepted", "mean_k", "mean_budget", "hit_rate", "all_hit_rate", "t_p", "t_b",
                "predicted_speedup_vs_ar",
                "profile_tokens_per_s", "decode_over_profile_prediction", "identical_share", "differences_at_near_ties"]
     frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")

@@ -1,54 +1,182 @@
-"""A causal LM and its KV cache, kept across the rounds of one generate call.
+"""A causal LM and the KV cache of a batch of sequences, kept across the rounds of one generate call.
 
-The invariant every loop keeps: the cache holds a prefix of ``tokens`` (prompt + output so far), and a forward feeds
-exactly the tokens the cache lacks. After a rejection the cache is cropped back to the accepted prefix, so the prompt
-is encoded once and never again.
+The invariant every loop keeps: for each sequence (a *row* of the batch) the cache holds a prefix of its tokens
+(prompt + output so far), and a forward feeds each row exactly the tokens its cache lacks. After a rejection the row
+forgets its rejected tail, so a prompt is encoded once and never again.
+
+Batching (b rows in one forward; b = 1 is a batch of one, today's single sequence):
+
+- one DynamicCache of [b, heads, L, dim] per layer, and ``valid`` [b, L]: which of the L cache slots hold a token of
+  the row. A forward feeds every row the tokens it lacks, right-aligned in a block as wide as the longest such run;
+  a shorter row's leading slots in the block are padding. So ragged prompts are left-padded, and a row that accepted
+  fewer tokens than its neighbours is padded in the next forward.
+- a rollback marks the row's rejected slots invalid (they become *holes*, masked); slots no row uses at the end are
+  cropped, and once compacting would shorten the cache by a quarter the rows are compacted (each row's valid slots
+  gathered to the right). With one row every invalid slot is at the end, so a rollback is a crop, as it always was.
+- where any slot is invalid the forward gets a 4D attention mask (each slot sees the row's valid slots up to itself,
+  and itself, so a padding slot never attends to nothing) and position ids that count each row's valid slots: every
+  row sees the positions and context it would have alone. Where none is, neither is passed (b = 1 runs exactly as
+  before batching).
+- ``retire(row)`` takes a finished sequence out of the batch: it stops costing work.
+
+Rows are named by their index in the batch they started in; the cache's own order is an internal matter.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 
+COMPACT_FRACTION = 0.25  # compact once that shortens the cache by this share: attention over holes is waste
+
 
 class CachedModel:
-    """A causal LM and its KV cache, which always covers a prefix of the sequence being decoded."""
+    """A causal LM and its KV cache, which always covers a prefix of each row's sequence."""
 
-    def __init__(self, model):
+    def __init__(self, model, rows: int = 1):
         self.model = model
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
+        self.rows = list(range(rows))  # the rows still in the batch, in the cache's order
+        self.valid = torch.zeros(rows, 0, dtype=torch.bool)  # [b, L] on the CPU: which slots hold a row's token
+        self.lengths = [0] * rows  # tokens each row holds (its count of valid slots), by row
+
+    def length(self, row: int = 0) -> int:
+        """How many of `row`'s tokens the cache holds."""
+        return self.lengths[row]
 
     @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
+    def slots(self) -> int:
+        """L: the cache's slots per row, valid or not (where SSD's token tree is appended)."""
+        return self.valid.shape[1]
 
     @torch.inference_mode()
-    def logits(self, tokens: list[int], keep: int) -> torch.Tensor:
-        """Feed tokens[self.length:] and return the logits of the last `keep` positions: [keep, V] float32.
+    def logits(self, tokens, keep):
+        """Feed each row tokens[length:] and return the logits of its last `keep` positions, float32.
 
+        tokens: one row's list (row 0) -> [keep, V]; or {row: list} (keep an int or {row: int}) -> {row: [keep, V]}.
         The positions before those `keep` go through the model without its output layer (`extend`); the head then
-        sees exactly the rows it must score. (Asking transformers for the last rows of a longer pass hands the head a
-        strided slice, and torch 2.13 then copies the whole bfloat16 head weight on every such call: a 4x slower
+        sees exactly the slots it must score. (Asking transformers for the last rows of a longer pass hands the head
+        a strided slice, and torch 2.13 then copies the whole bfloat16 head weight on every such call: a 4x slower
         prompt pass, seen on this project's CPUs.)
         """
-        self.extend(tokens[: len(tokens) - keep])
-        feed = torch.tensor([tokens[self.length:]], device=self.device)  # [1, keep]
-        out = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=feed.shape[1])
-        return out.logits[0, -keep:].float()
+        single = not isinstance(tokens, dict)
+        if single:
+            tokens, keep = {0: tokens}, {0: keep}
+        elif isinstance(keep, int):
+            keep = dict.fromkeys(tokens, keep)
+        self.extend({row: seq[: len(seq) - keep[row]] for row, seq in tokens.items()})
+        feeds = {row: seq[self.lengths[row]:] for row, seq in tokens.items()}
+        logits = self._forward(feeds, head=True)  # [b, width, V], right-aligned: a row's last slot is the last
+        out = {row: logits[self.rows.index(row), logits.shape[1] - keep[row]:].float() for row in tokens}
+        return out[0] if single else out
 
     @torch.inference_mode()
-    def extend(self, tokens: list[int]) -> None:
-        """Feed tokens[self.length:] into the cache without computing any logits."""
-        if len(tokens) > self.length:
-            feed = torch.tensor([tokens[self.length:]], device=self.device)  # [1, new]
-            self.model.base_model(input_ids=feed, cache=self.cache, use_cache=True)
+    def extend(self, tokens) -> None:
+        """Feed each row tokens[length:] without computing any logits. tokens: a list (row 0) or {row: list}."""
+        tokens = tokens if isinstance(tokens, dict) else {0: tokens}
+        feeds = {row: seq[self.lengths[row]:] for row, seq in tokens.items() if len(seq) > self.lengths[row]}
+        if feeds:
+            self._forward(feeds, head=False)
 
-    def prefill(self, tokens: list[int]) -> None:
-        """Feed all of tokens but the last: the prompt's pass, apart from the rounds that follow it. The last token
-        is fed with the first step or draft, whose logits it gives."""
-        self.extend(tokens[:-1])
+    def prefill(self, tokens) -> None:
+        """Feed all of each row's tokens but the last: the prompt's pass, apart from the rounds that follow it. The
+        last token is fed with the first step or draft, whose logits it gives. tokens: a list (row 0) or {row: list}."""
+        tokens = tokens if isinstance(tokens, dict) else {0: tokens}
+        self.extend({row: seq[:-1] for row, seq in tokens.items()})
 
-    def rollback(self, length: int) -> None:
-        """Forget every cached position from `length` on (the rejected tail of a round)."""
-        if self.length > length:
-            self.cache.crop(length - self.length)
+    def _forward(self, feeds: dict[int, list[int]], head: bool):
+        """One forward over every row of the batch; rows not in `feeds`, and short ones, get padding slots."""
+        width = max(len(seq) for seq in feeds.values())
+        b, base = self.valid.shape
+        ids = torch.zeros(b, width, dtype=torch.long)  # [b, width] right-aligned feeds; id 0 in padding slots
+        fed = torch.zeros(b, width, dtype=torch.bool)  # [b, width] which slots of the block hold a token
+        for row, seq in feeds.items():
+            i = self.rows.index(row)
+            ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            fed[i, width - len(seq):] = True
+        valid = torch.cat([self.valid, fed], dim=1)  # [b, L + width]
+        masking = {}
+        if not valid.all():
+            positions = (valid.cumsum(1) - 1).clamp(min=0)[:, base:]  # [b, width] each row's own positions
+            masking = dict(attention_mask=self._mask(valid, width), position_ids=positions.to(self.device))
+        model = self.model if head else self.model.base_model
+        out = model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True,
+                    **(dict(logits_to_keep=width) if head else {}), **masking)
+        self.valid = valid
+        for row, seq in feeds.items():
+            self.lengths[row] += len(seq)
+        return out.logits if head else None
+
+    def _mask(self, valid: torch.Tensor, width: int) -> torch.Tensor:
+        """The additive [b, 1, width, L + width] mask of a block of `width` slots after L cached ones."""
+        total = valid.shape[1]
+        slot = torch.arange(total)  # [L + width]
+        query = torch.arange(total - width, total)  # [width] the block's slots
+        sees = valid[:, None, :] & (slot[None, None, :] <= query[None, :, None])  # [b, width, L + width]
+        sees |= slot[None, None, :] == query[None, :, None]  # itself: a padding slot must attend to something
+        dtype = self.model.dtype
+        mask = torch.zeros(sees.shape, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
+        return mask[:, None].to(self.device)
+
+    @torch.inference_mode()  # valid is an inference tensor (made in a forward): updated in that mode
+    def rollback(self, length: int, row: int = 0) -> None:
+        """Forget every cached token of `row` from its `length`-th on (the rejected tail of a round)."""
+        if self.lengths[row] <= length:
+            return
+        i = self.rows.index(row)
+        self.valid[i] &= self.valid[i].cumsum(0) <= length
+        self.lengths[row] = length
+        self._tidy()
+
+    @torch.inference_mode()
+    def truncate(self, slots: int) -> None:
+        """Drop every slot from `slots` on, in all rows (SSD's token tree too, fed past the slots `valid` tracks)."""
+        extra = self.cache.get_seq_length() - slots
+        if extra > 0:
+            self.cache.crop(-extra)
+        self.valid = self.valid[:, :slots]
+
+    @torch.inference_mode()
+    def retire(self, row: int) -> None:
+        """Take a finished row out of the batch: later forwards no longer compute it."""
+        keep = [i for i, r in enumerate(self.rows) if r != row]
+        if len(keep) == len(self.rows):
+            return
+        if keep:  # (the last row's cache is simply left: nothing computes it again)
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                layer.batch_select_indices(index)
+        self.valid = self.valid[keep]
+        self.rows.remove(row)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Crop the slots no row uses at the end; compact the rows once that would shorten the cache by more than
+        COMPACT_FRACTION (the longest row bounds it: a ragged batch's left padding stays whatever is done)."""
+        used = self.valid.any(0).nonzero()
+        self.truncate(int(used[-1]) + 1 if len(used) else 0)
+        longest = max((self.lengths[row] for row in self.rows), default=0)
+        if self.slots - longest > COMPACT_FRACTION * self.slots:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's valid slots to the right of a cache as long as the longest row: no holes are left,
+        only the shorter rows' left padding. Keys keep their positions (they were rotated when they were fed)."""
+        width = int(self.valid.sum(1).max())
+        index = torch.zeros(len(self.rows), width, dtype=torch.long)  # [b, width] the slot each new slot copies
+        valid = torch.zeros(len(self.rows), width, dtype=torch.bool)  # [b, width]
+        for i in range(len(self.rows)):
+            kept = self.valid[i].nonzero()[:, 0]
+            index[i, width - len(kept):] = kept
+            valid[i, width - len(kept):] = True
+        index = index.to(self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys, layer.values = _gather_slots(layer.keys, index), _gather_slots(layer.values, index)
+        self.valid = valid
+
+
+def _gather_slots(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """states [b, heads, L, dim], index [b, L'] -> [b, heads, L', dim]: each row's slots in the order index gives."""
+    return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))

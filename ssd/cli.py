@@ -31,6 +31,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    "its latency profile and the run's acceptance rate, re-decided as the run goes (default 4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    p.add_argument("--batch-size", type=int, default=1, help="b: prompts decoded at once, each step one forward over "
+                   "all of them (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator every draw uses (default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     s = p.add_argument_group("SSD (method ssd)")
@@ -63,17 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ssd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="decode one prompt and print the text")
+    gen = sub.add_parser("generate", help="decode prompts and print the text")
     add_decoding_args(gen)
     gen.add_argument("--method", default="sd", help=f"one of {', '.join(METHOD_NAMES)} (default sd)")
-    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--prompt", required=True, action="append", help="the prompt text; give it once per sequence "
+                     "to decode several, --batch-size at a time")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
 
     b = sub.add_parser("bench", help="methods side by side on a prompt set; prints a summary per method and one per "
                        "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
     b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHOD_NAMES)} (default "
-                   "ar,sd); a variant sets its own k or budget, e.g. sd:k=2,sd:k=auto,ssd-pipeline:k=4:budget=8")
+                   "ar,sd); a variant sets its own k, budget or batch_size, e.g. sd:k=2,sd:k=auto,ar:batch_size=8,"
+                   "ssd-pipeline:k=4:budget=8")
     b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
                    "with :N (the first N), [a:b] (a slice) or @N (the first N of each category), e.g. question.jsonl@2 "
                    "(default humaneval:8)")

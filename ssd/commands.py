@@ -29,7 +29,7 @@ def setup(args) -> tuple[object, SSDConfig]:
     config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
                             backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
-                            drafter_cores=args.drafter_cores)
+                            drafter_cores=args.drafter_cores, batch_size=args.batch_size)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"threads must be >= 1, got {args.threads}")
@@ -49,15 +49,27 @@ def load(args):
 def cmd_generate(args) -> None:
     method = get_method(args.method)
     pair, config = setup(args)
-    ids = encode(pair.tokenizer, Prompt("cli", args.prompt, chat=args.chat))
-    tokens, trace = method(pair, ids, config, torch.Generator().manual_seed(args.seed))
-    print(pair.tokenizer.decode(tokens))
+    prompts = [encode(pair.tokenizer, Prompt(f"cli{i}", text, chat=args.chat)) for i, text in enumerate(args.prompt)]
+    generator = torch.Generator().manual_seed(args.seed)
+    for first in range(0, len(prompts), config.batch_size):  # the prompts, batch_size at a time
+        batch = prompts[first : first + config.batch_size]
+        answers, traces = method(pair, batch, config, generator)
+        for tokens, trace in zip(answers, traces):
+            print(pair.tokenizer.decode(tokens))
+            print(f"[{args.method}] {_stats(tokens, trace)}", file=sys.stderr)
+        if len(batch) > 1:
+            total = sum(len(t) for t in answers)
+            print(f"[{args.method}] batch of {len(batch)}: {total} tokens in {traces[0].wall_s:.2f} s "
+                  f"({total / traces[0].wall_s:.2f} tokens/s in all)", file=sys.stderr)
+
+
+def _stats(tokens: list[int], trace) -> str:
     stats = f"{len(tokens)} tokens in {trace.wall_s:.2f} s ({len(tokens) / trace.wall_s:.2f} tokens/s)"
     if trace.acceptance_rate is not None:
         stats += f", acceptance {trace.acceptance_rate:.2f}, {trace.tokens_per_round:.2f} tokens per round"
     if trace.hit_rate is not None:
         stats += f", hit rate {trace.hit_rate:.2f}"
-    print(f"[{args.method}] {stats}", file=sys.stderr)
+    return stats
 
 
 def cmd_bench(args) -> None:

@@ -1,12 +1,17 @@
-"""Autoregressive (AR) and speculative (SD) decoding over KV caches kept across rounds.
+"""Autoregressive (AR) and speculative (SD) decoding over KV caches kept across rounds, for a batch of sequences.
 
-A method has one shape: ``generate(pair, prompt_ids, config, generator) -> (new_tokens, trace)``.
+A method has one shape: ``generate(pair, prompt_ids, config, generator) -> (new_tokens, trace)``; given a list of
+prompts (a batch) it returns a list of each (``batchable``). Every step is one forward over all the batch's rows per
+model (``ssd.cached_model``: ragged rows are padded and masked); the per-sequence logic (sampling, verify, the stop
+rules) runs row by row. b = 1 is a batch of one.
 
-Both loops keep each model's KV cache a prefix of the tokens decoded so far (``ssd.cached_model``); SD drafts through
-the proposer interface (``ssd.proposers``), so any proposer plugs into the same verify step.
+Both loops keep each model's KV cache a prefix of each row's tokens; SD drafts through the proposer interface
+(``ssd.proposers``), so any proposer plugs into the same verify step. Randomness: one generator, drawn row by row in
+a fixed pattern each round, so one seed fixes every row's tokens (and b = 1 draws exactly as before batching).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +31,8 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 means greedy
     max_new_tokens: int = 64
     a_p: float = 0.6  # the acceptance rate assumed before any round: the prior of k="auto" (and of SSD's fan-out)
+    # b: how many prompts the bench and the command line decode at once (a method decodes the batch it is given)
+    batch_size: int = 1
     # k="auto": the latency profile the choice is priced on (ssd.profile; the methods fetch the cached one if None)
     latencies: object = field(default=None, repr=False, compare=False)
 
@@ -37,6 +44,8 @@ class DecodeConfig:
         self.temperature = check_temperature(self.temperature)
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
 
 
 def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:
@@ -58,6 +67,36 @@ def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:
         )
     check_window(pair, len(prompt_ids), config)
     return prompt_ids
+
+
+def check_prompts(pair, prompts, config: DecodeConfig) -> list[list[int]]:
+    """A batch's prompts, each checked; a sliding-window model decodes one sequence at a time (see check_window)."""
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    if len(prompts) > 1 and pair.attention_window is not None:
+        raise ValueError(f"{pair.attention_window[1]} attends through a sliding window, whose cache cannot hold a "
+                         f"batch's padded and masked slots: give one prompt at a time (batch size 1)")
+    return [check_prompt(pair, p, config) for p in prompts]
+
+
+def as_batch(prompt_ids) -> tuple[list[list[int]], bool]:
+    """One prompt (a list of ids) or a batch (a list of them) as a batch, and whether it was one prompt."""
+    prompt_ids = list(prompt_ids)
+    single = not prompt_ids or not isinstance(prompt_ids[0], (list, tuple))
+    return ([prompt_ids] if single else [list(p) for p in prompt_ids]), single
+
+
+def batchable(generate):
+    """A method written for a batch, `generate(pair, prompts, config, generator) -> (tokens per row, traces)`, that
+    also takes one prompt (a list of ids) and then returns (its tokens, its trace)."""
+
+    @functools.wraps(generate)
+    def method(pair, prompt_ids, config, generator):
+        prompts, single = as_batch(prompt_ids)
+        new, traces = generate(pair, prompts, config, generator)
+        return (new[0], traces[0]) if single else (new, traces)
+
+    return method
 
 
 def check_window(pair, prompt_len: int, config) -> None:
@@ -88,26 +127,42 @@ def _finish(appended: list[int], room: int, eos: tuple[int, ...]) -> tuple[list[
     return appended[:room], len(appended) >= room
 
 
-def generate_ar(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
-    """The target alone, one token per forward: the reference every other method must reproduce."""
-    tokens = check_prompt(pair, prompt_ids, config)
-    target = CachedModel(pair.target)
-    trace, watch = Trace("ar", prompt_len=len(tokens)), Stopwatch()
-    with watch.whole(trace):
-        watch.prefill(trace, tokens, target)
-        new: list[int] = []
-        done = False
-        while not done:
+@batchable
+def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator):
+    """The target alone, one token per forward (over all rows): the reference every other method must reproduce."""
+    tokens = check_prompts(pair, prompts, config)
+    target = CachedModel(pair.target, len(tokens))
+    new, live = [[] for _ in tokens], list(range(len(tokens)))
+    traces, watch = batch_traces("ar", tokens), Stopwatch()
+    with watch.whole(*traces):
+        watch.prefill(traces, tokens, target)
+        while live:
             with watch("verify_s"):
-                logits = target.logits(tokens, keep=1)[0]  # [V]
-                token = sample(probs_from_logits(logits, config.temperature), generator)
-                emitted, done = _finish([token], config.max_new_tokens - len(new), pair.eos_token_ids)
-            tokens += emitted
-            new += emitted
-            top = logits.topk(min(2, logits.shape[-1])).values.tolist()  # how close a call the greedy token was
-            trace.rounds.append(Round(draft_len=0, accepted=0, token=token, new_tokens=len(emitted), draft_s=0.0,
-                                      top_logit=top[0], margin=top[0] - top[-1], **watch.take()))
-    return new, trace
+                logits = target.logits({row: tokens[row] for row in live}, keep=1)  # {row: [1, V]}
+                steps = {row: _step(logits[row][0], config, generator) for row in live}
+            seconds = watch.take()
+            for row in list(live):
+                token, top = steps[row]
+                emitted, done = _finish([token], config.max_new_tokens - len(new[row]), pair.eos_token_ids)
+                tokens[row] += emitted
+                new[row] += emitted
+                traces[row].rounds.append(Round(draft_len=0, accepted=0, token=token, new_tokens=len(emitted),
+                                                draft_s=0.0, top_logit=top[0], margin=top[0] - top[-1], **seconds))
+                if done:
+                    live.remove(row)
+                    target.retire(row)
+    return new, traces
+
+
+def _step(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator) -> tuple[int, list[float]]:
+    """AR's token from one row's logits [V], and the top two logits (how close a call the greedy token was)."""
+    token = sample(probs_from_logits(logits, config.temperature), generator)
+    return token, logits.topk(min(2, logits.shape[-1])).values.tolist()
+
+
+def batch_traces(method: str, prompts: list[list[int]]) -> list[Trace]:
+    """One trace per row; a round's phase times are the batch's, the same in every row's record."""
+    return [Trace(method, prompt_len=len(p), batch_size=len(prompts)) for p in prompts]
 
 
 @dataclass(frozen=True)
@@ -120,62 +175,74 @@ class Checked:
 
 
 class Verifier:
-    """The target side of SD and SSD: verify a draft, commit what it emits. Lives wherever the target model lives."""
+    """The target side of SD and SSD: verify each row's draft, commit what it emits. Lives wherever the target
+    model lives."""
 
-    def __init__(self, target_model, prompt_ids: list[int], config: DecodeConfig, eos_token_ids):
-        self.target = CachedModel(target_model)
-        self.tokens = list(prompt_ids)
+    def __init__(self, target_model, prompts: list[list[int]], config: DecodeConfig, eos_token_ids):
+        self.target = CachedModel(target_model, len(prompts))
+        self.tokens = [list(p) for p in prompts]  # per row: prompt + output so far
         self.config = config
         self.eos = eos_token_ids
-        self.new: list[int] = []
+        self.new: list[list[int]] = [[] for _ in prompts]
+        self.live = list(range(len(prompts)))  # the rows still decoding, in order
 
-    def room(self) -> int:
-        """The most tokens the next round may draft: never past max_new_tokens (a round yields at most K + 1)."""
-        return self.config.max_new_tokens - len(self.new) - 1
+    def room(self, row: int = 0) -> int:
+        """The most tokens the row's next round may draft: never past max_new_tokens (a round yields at most K + 1)."""
+        return self.config.max_new_tokens - len(self.new[row]) - 1
 
-    def draft_len(self, k: int) -> int:
-        """The draft length of the next round at draft length K."""
-        return min(k, self.room())
+    def draft_len(self, k: int, row: int = 0) -> int:
+        """The draft length of the row's next round at draft length K."""
+        return min(k, self.room(row))
 
-    def check(self, draft: Draft, u_verify: torch.Tensor) -> Checked:
-        """Verify one draft in one target pass and commit what it emits. u_verify: [k + 1] uniforms."""
-        k = len(draft.tokens)
-        logits = self.target.logits(self.tokens + draft.tokens, keep=k + 1)  # [k + 1, V]
+    def check(self, drafts: dict[int, Draft], u_verify: dict[int, torch.Tensor]) -> dict[int, Checked]:
+        """Verify every row's draft in one target pass and commit what each emits. u_verify[row]: [k + 1] uniforms."""
+        logits = self.target.logits({row: self.tokens[row] + d.tokens for row, d in drafts.items()},
+                                    keep={row: len(d.tokens) + 1 for row, d in drafts.items()})  # {row: [k + 1, V]}
+        return {row: self._judge(row, draft, logits[row], u_verify[row]) for row, draft in drafts.items()}
+
+    def _judge(self, row: int, draft: Draft, logits: torch.Tensor, u_verify: torch.Tensor) -> Checked:
+        """One sequence's verdict from its target logits [k + 1, V]; a finished row leaves the batch."""
         p = probs_from_logits(logits, self.config.temperature)  # [k + 1, V]
         q = draft.q.to(p.device)  # [k, V]
         verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1])
-        self.target.rollback(len(self.tokens) + verdict.accepted)  # the rejected tail leaves the cache
+        self.target.rollback(len(self.tokens[row]) + verdict.accepted, row)  # the rejected tail leaves the cache
         appended = draft.tokens[: verdict.accepted] + [verdict.token]
-        emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new), self.eos)
-        self.tokens += emitted
-        self.new += emitted
+        emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new[row]), self.eos)
+        self.tokens[row] += emitted
+        self.new[row] += emitted
+        if done:
+            self.live.remove(row)
+            self.target.retire(row)
         return Checked(verdict, emitted, done)
 
 
-def generate_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
-    """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling. With k="auto" the
-    K of each round is the tuner's (ssd.tuning), re-decided from the acceptance rate as the run goes."""
-    prompt_ids = check_prompt(pair, prompt_ids, config)
+@batchable
+def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator):
+    """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling; each step over
+    all rows at once. With k="auto" each row's K is its tuner's (ssd.tuning), re-decided from its acceptance rate."""
+    prompts = check_prompts(pair, prompts, config)
     config = with_latencies(pair, config)
-    # The run's acceptance rate, for k="auto"
-    calibrator = Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY)
-    tuner = sd_tuner(config, calibrator)
-    proposer = DraftModelProposer(pair.draft, prompt_ids, config.temperature)
-    verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
-    trace, watch = Trace("sd", prompt_len=len(prompt_ids)), Stopwatch()
-    with watch.whole(trace):
-        watch.prefill(trace, prompt_ids, verifier.target, proposer.model)
-        done = False
-        while not done:
-            k_round = verifier.draft_len(tuner.k)
+    # Each row's acceptance rate, for k="auto"
+    calibrators = [Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY) for _ in prompts]
+    tuners = [sd_tuner(config, calibrator) for calibrator in calibrators]
+    proposer = DraftModelProposer(pair.draft, prompts, config.temperature)
+    verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
+    traces, watch = batch_traces("sd", prompts), Stopwatch()
+    with watch.whole(*traces):
+        watch.prefill(traces, prompts, verifier.target, proposer.model)
+        while verifier.live:
+            ks = {row: verifier.draft_len(tuners[row].k, row) for row in verifier.live}
             with watch("draft_s"):
-                draft = proposer.propose(k_round, uniforms(k_round, generator))
+                drafts = proposer.propose(ks, {row: uniforms(k, generator) for row, k in ks.items()})
             with watch("verify_s"):
-                checked = verifier.check(draft, uniforms(k_round + 1, generator))
-            proposer.observe(draft, checked.verdict)
-            calibrator.update(checked.verdict.accepted, k_round, None)
-            tuner.step()
-            done = checked.done
-            trace.rounds.append(Round(draft_len=k_round, accepted=checked.verdict.accepted,
-                                      token=checked.verdict.token, new_tokens=len(checked.emitted), **watch.take()))
-    return verifier.new, trace
+                checked = verifier.check(drafts, {row: uniforms(k + 1, generator) for row, k in ks.items()})
+            seconds = watch.take()
+            for row, c in checked.items():
+                proposer.observe(row, drafts[row], c.verdict)
+                calibrators[row].update(c.verdict.accepted, ks[row], None)
+                tuners[row].step()
+                if c.done:
+                    proposer.retire(row)
+                traces[row].rounds.append(Round(draft_len=ks[row], accepted=c.verdict.accepted, token=c.verdict.token,
+                                                new_tokens=len(c.emitted), **seconds))
+    return verifier.new, traces

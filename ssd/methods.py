@@ -1,7 +1,11 @@
 """The registry of decoding methods: every entry has the shape generate(pair, prompt_ids, config, generator).
 
+Every method takes one prompt (a list of ids) or a batch of them (a list of lists), and then returns a list of
+each; a batch's rows share every forward (``ssd.cached_model``).
+
 A bench can run one method at several settings side by side: a method *variant* names a method and the settings it
-overrides, ``METHOD:FIELD=VALUE[:FIELD=VALUE]``, e.g. ``sd:k=2`` or ``ssd-pipeline:k=auto:budget=auto``
+overrides, ``METHOD:FIELD=VALUE[:FIELD=VALUE]``, e.g. ``sd:k=2``, ``ar:batch_size=8`` or
+``ssd-pipeline:k=auto:budget=auto``
 (``VARIANT_FIELDS`` are the fields a variant may set).
 """
 from __future__ import annotations
@@ -10,21 +14,23 @@ import dataclasses
 
 import torch
 
-from .decoding import generate_ar, generate_sd
+from .decoding import batchable, generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
 from .ssd import generate_ssd
 
 
-def generate_sd_1core(pair, prompt_ids, config, generator):
+@batchable
+def generate_sd_1core(pair, prompts, config, generator):
     """SD with one torch thread: what one device of the pipeline does alone, the fair baseline for ssd-pipeline."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tokens, trace = generate_sd(pair, prompt_ids, config, generator)
+        answers, traces = generate_sd(pair, prompts, config, generator)
     finally:
         torch.set_num_threads(threads)
-    trace.method = "sd-1core"
-    return tokens, trace
+    for trace in traces:
+        trace.method = "sd-1core"
+    return answers, traces
 
 
 def generate_ssd_pipeline(pair, prompt_ids, config, generator):
@@ -52,7 +58,7 @@ def get_method(name: str):
     return METHODS[name]
 
 
-VARIANT_FIELDS = ("k", "budget")  # integers, or "auto"
+VARIANT_FIELDS = ("k", "budget", "batch_size")  # integers, or "auto" (k and budget)
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -65,6 +71,8 @@ def parse_variant(spec: str) -> tuple[str, dict]:
         if field not in VARIANT_FIELDS or not value:
             raise ValueError(f"method variant {spec!r}: each setting after the method must be FIELD=VALUE with FIELD "
                              f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
+        if field == "batch_size" and value == "auto":
+            raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
         overrides[field] = value if value == "auto" else _integer(value, spec)
     return name, overrides
 

@@ -1,7 +1,8 @@
 """The peers we measure against: transformers' own ``generate`` (hf-ar) and its assisted generation (hf-sd).
 
-They take the same arguments as our methods so the bench can interleave them. transformers does not expose its
-rounds, so their trace carries only the wall time (``rounds`` is empty).
+They take the same arguments as our methods so the bench can interleave them: hf-ar a batch too (transformers pads
+it on the left and masks the padding), hf-sd one prompt (transformers' assisted generation refuses a batch).
+transformers does not expose its rounds, so their trace carries only the wall time (``rounds`` is empty).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import torch
 from transformers import GenerationConfig
 
-from .decoding import DecodeConfig, check_prompt
+from .decoding import DecodeConfig, batchable, check_prompts
 from .trace import Trace
 
 
@@ -34,21 +35,37 @@ def generation_config(pair, config: DecodeConfig, **extra) -> GenerationConfig:
     )
 
 
-def _hf_generate(method: str, pair, prompt_ids, config: DecodeConfig, generator: torch.Generator, **kwargs):
-    tokens = check_prompt(pair, prompt_ids, config)
+def _hf_generate(method: str, pair, prompts, config: DecodeConfig, generator: torch.Generator, **kwargs):
+    """transformers' generate over a batch: prompts left-padded with the pad id, its attention mask marking them;
+    each row's new tokens cut after its first EOS (transformers pads a finished row with the pad id)."""
+    prompts = check_prompts(pair, prompts, config)
     # transformers samples from the global RNG: seed it from our generator so a seed still fixes the tokens.
     torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-    input_ids = torch.tensor([tokens], device=pair.target.device)
+    width = max(len(p) for p in prompts)
+    pad = kwargs["generation_config"].pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=pair.target.device)  # [b, width]
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                                  device=pair.target.device)  # [b, width]
     start = time.perf_counter()
     with torch.inference_mode():
-        out = pair.target.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-    trace = Trace(method, prompt_len=len(tokens), wall_s=time.perf_counter() - start)
-    return out[0, len(tokens):].tolist(), trace
+        out = pair.target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    wall = time.perf_counter() - start
+    new = [_until_eos(row, pair.eos_token_ids) for row in out[:, width:].tolist()]
+    return new, [Trace(method, prompt_len=len(p), wall_s=wall, batch_size=len(prompts)) for p in prompts]
 
 
-def generate_hf_ar(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
-    """transformers' own generate with the target alone."""
-    return _hf_generate("hf-ar", pair, prompt_ids, config, generator, generation_config=generation_config(pair, config))
+def _until_eos(tokens: list[int], eos) -> list[int]:
+    """A row's tokens up to and with its first EOS: what our methods return (the rest is transformers' padding)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+@batchable
+def generate_hf_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator):
+    """transformers' own generate with the target alone, over a batch (left padding, its attention mask)."""
+    return _hf_generate("hf-ar", pair, prompts, config, generator, generation_config=generation_config(pair, config))
 
 
 @contextlib.contextmanager
@@ -66,11 +83,15 @@ def fixed_draft_length(draft, k: int):
             setattr(draft.generation_config, key, value)
 
 
-def generate_hf_sd(pair, prompt_ids, config: DecodeConfig, generator: torch.Generator):
+@batchable
+def generate_hf_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator):
     """transformers' assisted generation with our draft and a fixed K (no adaptive schedule, no early exit)."""
+    if len(prompts) > 1:
+        raise ValueError(f"hf-sd takes one prompt at a time, given {len(prompts)}: transformers' assisted generation "
+                         "is only supported for batch size 1")
     if not isinstance(config.k, int):
         raise ValueError(f"k={config.k!r}: hf-sd drafts a fixed K; give an integer k (k='auto' is the kit's own "
                          "choice, for sd, sd-1core, ssd and ssd-pipeline)")
     with fixed_draft_length(pair.draft, config.k):
-        return _hf_generate("hf-sd", pair, prompt_ids, config, generator,
+        return _hf_generate("hf-sd", pair, prompts, config, generator,
                             generation_config=generation_config(pair, config), assistant_model=pair.draft)

@@ -43,13 +43,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .cores import available_cores, check_cores, parse_cores, pin, pinned
-from .decoding import Verifier, check_prompt
+from .decoding import Verifier, as_batch, batch_traces, check_prompts
 from .devices import drafter_device, resolve_device
 from .models import check_pair_name, load_draft
 from .precision import convert, precision_of
 from .protocol import Ready, Stop, serve, verify_rounds
 from .ssd import SSDConfig, check_ssd_config
-from .trace import Stopwatch, Trace
+from .trace import Stopwatch
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
 from .tuning import with_latencies
 
@@ -238,21 +238,23 @@ class Pipeline:
         return self.channel is None
 
     def generate(self, prompt_ids, config: SSDConfig, generator: torch.Generator):
-        """SSD over the two ranks: generate_ssd's tokens for the same generator. Returns (new tokens, trace)."""
+        """SSD over the two ranks: generate_ssd's tokens for the same generator. Given one prompt returns (new
+        tokens, trace); given a batch (a list of prompts), a list of each."""
         check_ssd_config(config, "ssd-pipeline")
         if self.closed:
             raise PipelineError("this Pipeline is closed; open a new one")
-        prompt_ids = check_prompt(self.pair, prompt_ids, config)
-        verifier = Verifier(self.pair.target, prompt_ids, config, self.pair.eos_token_ids)
-        trace, watch = Trace("ssd-pipeline", prompt_len=len(prompt_ids)), Stopwatch()
-        with self._end_both_on_error(), pinned(self.verifier_cores), watch.whole(trace):
+        prompts, single = as_batch(prompt_ids)
+        prompts = check_prompts(self.pair, prompts, config)
+        verifier = Verifier(self.pair.target, prompts, config, self.pair.eos_token_ids)
+        traces, watch = batch_traces("ssd-pipeline", prompts), Stopwatch()
+        with self._end_both_on_error(), pinned(self.verifier_cores), watch.whole(*traces):
             # The prompt's pass is the longest of a call and the drafter has nothing to do yet: it takes the drafter's
             # cores too where they are this machine's. (Run side by side with the drafter's own prompt pass, the two
             # slowed each other more than the drafter's short pass costs when it follows.)
             with pinned(self.prefill_cores):
-                watch.prefill(trace, verifier.tokens, verifier.target)
-            verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, trace)
-        return verifier.new, trace
+                watch.prefill(traces, prompts, verifier.target)
+            verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces)
+        return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager
     def _end_both_on_error(self):
@@ -347,7 +349,7 @@ def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.
     defaults (verifier on core 0, drafter on core 1).
     """
     check_ssd_config(config, "ssd-pipeline")
-    check_prompt(pair, prompt_ids, config)  # bad input fails before a drafter starts
+    check_prompts(pair, as_batch(prompt_ids)[0], config)  # bad input fails before a drafter starts
     config = with_latencies(pair, config)  # auto K or B: priced on the ranks' cores, before the drafter runs
     return pipeline_for(pair, config).generate(prompt_ids, config, generator)
 

@@ -115,7 +115,8 @@ def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths:
     u, fan_out = torch.full((depths,), 0.5, dtype=torch.float64), [0] * (depths + 1)
 
     def run(n):  # n branches, each after the whole context
-        tree.draft_tree(draft, context, [(0, t) for t in ids[context : context + n]], u, 1.0, 1.0, fan_out)
+        tree.draft_tree(draft, {0: context}, {0: [(0, t) for t in ids[context : context + n]]}, {0: u}, 1.0, 1.0,
+                        {0: fan_out})
 
     return {n: ms / depths for n, ms in _round_robin_ms(rows, reps, model.device, run).items()}
 

@@ -1,18 +1,20 @@
 """The pipeline's protocol: the messages the two ranks exchange, and each rank's loop over one generate call.
 
     drafter (rank 1)                                       verifier (rank 0)
-    DraftMessage r: x_1..x_K (+ q rows if T > 0)  ---->    verify draft r: one target pass
+    DraftMessage r: each row's x_1..x_K           ---->    verify drafts r: one target pass over all rows
+      (+ q rows if T > 0)
     pre-speculate round r + 1 for every                    ...
-      predicted outcome of round r
-                                                 <----     Outcome: the verdict (k, t*), done
-    observe: a hit takes draft r + 1 from the
-      cache, a miss has the backup draft it
-    DraftMessage r + 1 (+ round r's Report)       ---->
+      predicted outcome of every row (one tree)
+                                                 <----     Outcome: each row's verdict (k, t*), done
+    observe: a hit takes a row's draft r + 1 from
+      its cache; the rows that missed are drafted
+      by the backup together
+    DraftMessage r + 1 (+ round r's Reports)      ---->
 
 Both loops are ``ssd.ssd``'s: the drafter drives a Speculator (propose, prespeculate, observe), the verifier a
-Verifier; only the messages between them are new. No random numbers cross: the verifier sends its generator's state
-with the Start message and both ranks draw from it in generate_ssd's pattern, each using its share (the drafter the
-draft uniforms, the verifier the verify uniforms).
+Verifier, over the same batch of rows (b = 1: one); only the messages between them are new. No random numbers cross:
+the verifier sends its generator's state with the Start message and both ranks draw from it in generate_ssd's
+pattern, each using its share (the drafter the draft uniforms, the verifier the verify uniforms).
 """
 from __future__ import annotations
 
@@ -46,49 +48,59 @@ class Ready:
 
 @dataclass(frozen=True)
 class Start:
-    """Rank 0 -> 1: a generate call begins."""
+    """Rank 0 -> 1: a generate call begins, over a batch of prompts (rows; b = 1: one)."""
 
-    prompt_ids: list[int]
+    prompts: list[list[int]]
     config: SSDConfig
     generator_state: torch.Tensor  # the verifier's generator: both ranks draw the same stream
-    room: int  # the most tokens the first round may draft (max_new_tokens - 1)
+    rooms: list[int]  # per row: the most tokens its first round may draft (max_new_tokens - 1)
     vocab_size: int
     timeout_s: float
 
 
 @dataclass(frozen=True)
 class Report:
-    """What the drafter did for one round: pre-speculated while it was verified, then looked its outcome up."""
+    """What the drafter did for one row's round: pre-speculated while it was verified, then looked its outcome up.
+    The times are the batch's (one tree and one backup draft serve every row)."""
 
     prespec_s: float
-    draft_s: float  # the lookup, and the backup after a miss; not the wait for the outcome
+    draft_s: float  # the lookups, and the backup after a miss; not the wait for the outcome
     hit: bool
     rank: int | None
-    backup: str | None  # the backup that drafted the next round after a miss
+    backup: str | None  # the backup that drafted the row's next round after a miss
 
 
 @dataclass(frozen=True)
 class DraftMessage:
-    """Rank 1 -> 0: a round's draft (its q rows travel beside it at temperature > 0), with the report of the round
-    before (None for the first). drawn: the sizes of the draft-uniform draws the drafter made since its last message
-    (K of the next round's drafts, and first K of the first draft's; with k="auto" only the drafter's tuner knows
-    them), which the verifier skips in the shared stream."""
+    """Rank 1 -> 0: a round's drafts, by row (their q rows travel beside, stacked in row order, at temperature > 0),
+    with the reports of the round before (None for the first). first_drawn (first message only): the sizes of the
+    first drafts' uniform draws, row by row; drawn: by row, the K of the next round's draft uniforms the drafter drew
+    (with k="auto" only the drafter's tuners know them), which the verifier skips in the shared stream."""
 
-    tokens: list[int]
-    drawn: tuple[int, ...]
-    fan_out: tuple[int, ...]
-    a_p: float
-    r: float
-    previous: Report | None
+    tokens: dict[int, list[int]]
+    first_drawn: tuple[int, ...]
+    drawn: dict[int, int]
+    fan_out: dict[int, tuple[int, ...]]
+    a_p: dict[int, float]
+    r: dict[int, float]
+    previous: dict[int, Report] | None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """Rank 0 -> 1: the verdict of a round, whether decoding is done, and how many tokens the next round may draft."""
+    """Rank 0 -> 1: by row, the verdict of its round, whether it is done, and how many tokens its next round may
+    draft."""
 
-    verdict: Verdict
-    done: bool
-    room: int
+    verdicts: dict[int, Verdict]
+    done: dict[int, bool]
+    rooms: dict[int, int]
+
+
+@dataclass(frozen=True)
+class LastReports:
+    """Rank 1 -> 0: the reports of the last round, once every row is done."""
+
+    previous: dict[int, Report]
 
 
 @dataclass(frozen=True)
@@ -109,33 +121,44 @@ def serve(channel: Channel, draft_model) -> None:
 
 
 def speculate(channel: Channel, draft_model, start: Start) -> None:
-    """Rank 1's side of one generate call: ssd.ssd's Speculator, driven by messages instead of calls."""
+    """Rank 1's side of one generate call: ssd.ssd's Speculator over the batch, driven by messages instead of
+    calls."""
     config, timeout_s = start.config, start.timeout_s
     generator = torch.Generator()
     generator.set_state(start.generator_state)
-    speculator = Speculator(draft_model, start.prompt_ids, config, start.vocab_size)
-    first_k = speculator.k
-    draft = speculator.propose(start.room, uniforms(first_k, generator))
+    speculator = Speculator(draft_model, start.prompts, config, start.vocab_size)
+    live = list(range(len(start.prompts)))
+    first = tuple(speculator.k(row) for row in live)
+    drafts = speculator.propose(dict(enumerate(start.rooms)), {row: uniforms(first[row], generator) for row in live})
     watch, previous, i = Stopwatch(), None, 0
     while True:
-        k_next = speculator.k
-        u_draft, _ = round_uniforms(generator, k_next, len(draft.tokens))  # the verify uniforms are rank 0's share
-        a_p, r = speculator.estimates()
-        q = draft.q if config.temperature > 0 else None  # at temperature 0 q is one-hot on the tokens
-        drawn = (k_next,) if i else (first_k, k_next)  # the first message also answers for the first draft's
-        channel.send(DraftMessage(draft.tokens, drawn, draft.fan_out, a_p, r, previous), q, timeout_s=timeout_s,
-                     doing=f"sending the draft of round {i}")
+        k_next = {row: speculator.k(row) for row in live}
+        # the verify uniforms are rank 0's share of each row's pair
+        u_draft = {row: round_uniforms(generator, k_next[row], len(drafts[row].tokens))[0] for row in live}
+        estimates = {row: speculator.estimates(row) for row in live}
+        q = torch.cat([drafts[row].q for row in live]) if config.temperature > 0 else None  # T = 0: one-hot
+        message = DraftMessage({row: drafts[row].tokens for row in live}, first if i == 0 else (), k_next,
+                               {row: drafts[row].fan_out for row in live}, {row: e[0] for row, e in estimates.items()},
+                               {row: e[1] for row, e in estimates.items()}, previous)
+        channel.send(message, q, timeout_s=timeout_s, doing=f"sending the drafts of round {i}")
         with watch("prespec_s"):
-            speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's draft
-        outcome, _ = channel.recv(Outcome, timeout_s=timeout_s, doing=f"waiting for the outcome of round {i}")
+            speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's drafts
+        outcome, _ = channel.recv(Outcome, timeout_s=timeout_s, doing=f"waiting for the outcomes of round {i}")
         with watch("draft_s"):
-            speculator.observe(draft, outcome.verdict)
-            following = None if outcome.done else speculator.propose(outcome.room, u_draft)
-        previous = report(speculator.last_lookup, following, **watch.take())
-        if outcome.done:
-            channel.send(previous, timeout_s=timeout_s, doing="sending the last report")
+            for row in live:
+                speculator.observe(row, drafts[row], outcome.verdicts[row])
+            going = [row for row in live if not outcome.done[row]]
+            following = speculator.propose({row: outcome.rooms[row] for row in going},
+                                           {row: u_draft[row] for row in going})
+        seconds = watch.take()
+        previous = {row: report(speculator.last_lookup(row), following.get(row), **seconds) for row in live}
+        for row in live:
+            if outcome.done[row]:
+                speculator.retire(row)
+        if not going:
+            channel.send(LastReports(previous), timeout_s=timeout_s, doing="sending the last reports")
             return
-        draft, i = following, i + 1
+        drafts, live, i = following, going, i + 1
 
 
 def report(lookup: Lookup, following: Draft | None, *, prespec_s: float, draft_s: float) -> Report:
@@ -147,30 +170,54 @@ def report(lookup: Lookup, following: Draft | None, *, prespec_s: float, draft_s
 
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
-                  vocab_size: int, timeout_s: float, trace: Trace) -> None:
-    """Rank 0's side of one generate call, its prompt already in the target's cache: start the drafter, then verify
-    each draft it sends until done, recording every round in `trace`."""
-    start = Start(verifier.tokens, config, generator.get_state(), verifier.room(), vocab_size, timeout_s)
-    channel.send(start, timeout_s=timeout_s, doing="sending the prompt")
-    message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first draft")
-    watch, done, i = Stopwatch(), False, 0
-    while not done:
-        for n in message.drawn:  # the draft uniforms: rank 1's share of the stream
+                  vocab_size: int, timeout_s: float, traces: list[Trace]) -> None:
+    """Rank 0's side of one generate call, the prompts already in the target's cache: start the drafter, then verify
+    the drafts it sends until every row is done, recording each row's rounds in its trace."""
+    start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
+                  vocab_size, timeout_s)
+    channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
+    message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
+    watch, i = Stopwatch(), 0
+    while verifier.live:
+        live = list(verifier.live)
+        for n in message.first_drawn:  # the draft uniforms: rank 1's share of the stream
             uniforms(n, generator)
-        u_verify = uniforms(len(message.tokens) + 1, generator)
+        u_verify = {}
+        for row in live:  # each row's pair, in generate_ssd's order: K for its next draft (rank 1's), then verify
+            uniforms(message.drawn[row], generator)
+            u_verify[row] = uniforms(len(message.tokens[row]) + 1, generator)
         with watch("verify_s"):
-            q = one_hot(message.tokens, vocab_size, verifier.target.device) if q is None else q  # [k, V]
-            checked = verifier.check(Draft(message.tokens, q, None, message.fan_out), u_verify)
-        done = checked.done
-        with watch("wait_s"):  # idle until the next draft: max(0, prespec - verify) after a hit, more after a miss
-            channel.send(Outcome(checked.verdict, done, verifier.room()), timeout_s=timeout_s,
-                         doing=f"sending the outcome of round {i}")
-            doing = "waiting for the last report" if done else f"waiting for the draft of round {i + 1}"
-            answer, q = channel.recv(Report if done else DraftMessage, timeout_s=timeout_s, doing=doing)
-        spec = answer if done else answer.previous  # what the drafter did while and after this round was verified
-        v = checked.verdict
-        trace.rounds.append(PipelineRound(
-            draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
-            draft_s=spec.draft_s, prespec_s=spec.prespec_s, hit=spec.hit, rank=spec.rank, fan_out=message.fan_out,
-            budget=sum(message.fan_out), a_p=message.a_p, r=message.r, backup=spec.backup, **watch.take()))
+            checked = verifier.check(received_drafts(message, q, live, vocab_size, verifier.target.device), u_verify)
+        with watch("wait_s"):  # idle until the next drafts: max(0, prespec - verify) after hits, more after a miss
+            outcome = Outcome({row: c.verdict for row, c in checked.items()},
+                              {row: c.done for row, c in checked.items()}, {row: verifier.room(row) for row in live})
+            channel.send(outcome, timeout_s=timeout_s, doing=f"sending the outcomes of round {i}")
+            last = not verifier.live
+            doing = "waiting for the last reports" if last else f"waiting for the drafts of round {i + 1}"
+            answer, q = channel.recv(LastReports if last else DraftMessage, timeout_s=timeout_s, doing=doing)
+        seconds = watch.take()
+        spec = answer.previous  # what the drafter did while and after this round was verified
+        all_hit = all(spec[row].hit for row in live)
+        for row in live:
+            v, fan_out = checked[row].verdict, message.fan_out[row]
+            traces[row].rounds.append(PipelineRound(
+                draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked[row].emitted),
+                draft_s=spec[row].draft_s, prespec_s=spec[row].prespec_s, hit=spec[row].hit, rank=spec[row].rank,
+                fan_out=fan_out, budget=sum(fan_out), a_p=message.a_p[row], r=message.r[row],
+                backup=spec[row].backup, all_hit=all_hit, **seconds))
         message, i = answer, i + 1
+
+
+def received_drafts(message: DraftMessage, q: torch.Tensor | None, live: list[int], vocab_size: int, device
+                    ) -> dict[int, Draft]:
+    """The rows' drafts as the verifier checks them: q split by row from the stacked rows that came (T > 0), or
+    rebuilt one-hot on the tokens (T = 0)."""
+    drafts, at = {}, 0
+    for row in live:
+        tokens = message.tokens[row]
+        if q is None:
+            row_q = one_hot(tokens, vocab_size, device)  # [k, V]
+        else:
+            row_q, at = q[at : at + len(tokens)].to(device), at + len(tokens)  # [k, V]
+        drafts[row] = Draft(tokens, row_q, None, message.fan_out[row])
+    return drafts

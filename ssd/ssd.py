@@ -22,12 +22,12 @@ import torch
 
 from .cache import SpeculationCache
 from .cached_model import CachedModel
-from .decoding import Checked, DecodeConfig, Verifier, check_prompt
+from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
 from .outcomes import Calibrator, allocate, candidates, check_budget, check_strategy, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import check_saguaro_c, uniforms
 from .names import BACKUPS
-from .trace import SSDRound, Stopwatch, Trace
+from .trace import SSDRound, Stopwatch
 from .tuning import carried_calibrator, is_auto, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
@@ -70,38 +70,43 @@ def check_ssd_config(config, method: str = "ssd") -> None:
 
 class SaguaroDrafter(DraftModelProposer):
     """The draft model drafting for SSD: the jit backup, and the owner of the draft's KV cache, which the tree
-    pre-speculation extends and rolls back. Its q is Saguaro's for `fan_out`, the F_0..F_K of the round its drafts
-    are for, which the Speculator sets each round."""
+    pre-speculation extends and rolls back. A row's q is Saguaro's for `fan_out[row]`, the F_0..F_K of the round its
+    drafts are for, which the Speculator sets each round."""
 
-    def __init__(self, model, prompt_ids: list[int], config: SSDConfig):
-        super().__init__(model, prompt_ids, config.temperature)
+    def __init__(self, model, prompts: list[list[int]], config: SSDConfig):
+        super().__init__(model, prompts, config.temperature)
         self.c = config.saguaro_c
-        self.fan_out: tuple[int, ...] = ()
+        self.fan_out: dict[int, tuple[int, ...]] = {}
 
-    def distribution(self, position: int, logits: torch.Tensor) -> torch.Tensor:
-        return saguaro_q(logits, self.temperature, self.fan_out[position], self.c)
+    def distribution(self, row: int, position: int, logits: torch.Tensor) -> torch.Tensor:
+        return saguaro_q(logits, self.temperature, self.fan_out[row][position], self.c)
 
 
-def branch_drafts(draft: CachedModel, tokens: list[int], block: Draft, u: torch.Tensor, temperature: float,
-                  c: float, fan_out) -> tuple[dict, torch.Tensor]:
-    """The next round's draft for every predicted outcome of `block`'s round, drafted after `tokens`.
+def branch_drafts(draft: CachedModel, tokens: dict[int, list[int]], blocks: dict[int, Draft],
+                  u: dict[int, torch.Tensor], temperature: float, c: float, fan_out: dict[int, tuple[int, ...]]
+                  ) -> tuple[dict[int, dict], dict[int, torch.Tensor]]:
+    """The next round's draft for every predicted outcome of each row's round (`blocks[row]`), drafted after
+    `tokens[row]`: one glue forward and one token tree over all the rows.
 
-    Returns the drafts by outcome and the [K + 1, V] draft logits that rank the candidates at positions 0..K (the
-    last row, after x_K, costs the one extra "glue" forward).
+    Returns, by row, the drafts by outcome and the [K + 1, V] draft logits that rank the candidates at positions
+    0..K (the last row, after x_K, costs the one extra "glue" forward).
     """
-    K = len(block.tokens)
     # The glue step: feed the draft (all of it if it was a lookup, whose logits we lack) and look one past it.
-    glue = draft.logits(tokens + block.tokens, keep=1 if block.logits is not None else K + 1)  # [1 or K + 1, V]
-    rows = glue if block.logits is None else torch.cat([block.logits, glue])  # [K + 1, V]
-    outcomes = [
-        (k, t)
-        for k in range(K + 1)
-        for t in candidates(rows[k], block.fan_out[k], exclude=block.tokens[k] if k < K else None)
-    ]
-    if not outcomes:
-        return {}, rows
-    drafts = draft_tree(draft, len(tokens), outcomes, u, temperature, c, fan_out)
-    return dict(zip(outcomes, drafts)), rows
+    glue = draft.logits({row: tokens[row] + b.tokens for row, b in blocks.items()},
+                        keep={row: 1 if b.logits is not None else len(b.tokens) + 1 for row, b in blocks.items()})
+    rows = {row: glue[row] if b.logits is None else torch.cat([b.logits, glue[row]]) for row, b in blocks.items()}
+    outcomes = {row: _outcomes(b, rows[row]) for row, b in blocks.items()}  # [K + 1, V] ranking rows above
+    outcomes = {row: branches for row, branches in outcomes.items() if branches}
+    drafts = draft_tree(draft, {row: len(tokens[row]) for row in outcomes}, outcomes, u, temperature, c,
+                        fan_out) if outcomes else {}
+    return {row: dict(zip(outcomes.get(row, ()), drafts.get(row, ()))) for row in blocks}, rows
+
+
+def _outcomes(block: Draft, rows: torch.Tensor) -> list[tuple[int, int]]:
+    """The predicted outcomes (k, t) of a round: F_k candidates at each position k of its draft, ranked by rows."""
+    K = len(block.tokens)
+    return [(k, t) for k in range(K + 1)
+            for t in candidates(rows[k], block.fan_out[k], exclude=block.tokens[k] if k < K else None)]
 
 
 # ---- SSD's proposer ------------------------------------------------------------------------------------------------
@@ -115,52 +120,20 @@ class Lookup:
     rank: int | None  # rank of t* among the candidates at position k; None where nothing was ranked
 
 
-class Speculator(Proposer):
-    """SSD's proposer: the speculation cache with a backup, fed by pre-speculation.
+class Speculation:
+    """One sequence's share of SSD: its speculation cache, its estimates (calibrator) and tuner, and its round in
+    flight. At batch b each row keeps its own; only the draft model's forwards are shared."""
 
-    A round: ``propose`` hands out the draft (from the cache after a hit, else from the backup); while the target
-    verifies it, ``prespeculate`` drafts the next round for every predicted outcome; ``observe`` commits the outcome
-    and looks it up (``last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
-    (fewer near max_new_tokens): the cache is filled for the whole draft. K and B are its tuner's (``ssd.tuning``):
-    the configured ones, or on auto re-decided as the run goes from the calibrator's estimates (carried over the
-    answers of the process: ``ssd.tuning.carried_calibrator``); a new K applies from
-    the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives wherever the draft
-    model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
-    """
-
-    def __init__(self, draft_model, prompt_ids: list[int], config: SSDConfig, vocab_size: int):
-        # No Proposer.__init__: the committed tokens are the drafter's (``tokens`` below), kept in one place.
-        self.config = config
-        self.drafter = SaguaroDrafter(draft_model, prompt_ids, config)
-        self.backup = (self.drafter if config.backup == "jit" else
-                       NgramProposer(prompt_ids, vocab_size, config.ngram, device=self.drafter.model.device))
+    def __init__(self, config: SSDConfig, calibrator: Calibrator | None):
         self.cache = SpeculationCache()
-        if on_auto(config):  # the estimates the process's last answer on these settings left (ssd.tuning)
-            self.calibrator = carried_calibrator(draft_model, config)
-        elif config.fan_out_strategy == "calibrated":
-            self.calibrator = Calibrator(prior_a_p=config.a_p, prior_r=config.r)
-        else:
-            self.calibrator = None
-        self.tuner = ssd_tuner(config, self.calibrator)
-        self.f_next = self.next_fan_out(self.k)  # the F_0..F_K the drafts made now are for
+        self.calibrator = calibrator
+        self.tuner = ssd_tuner(config, calibrator)
+        self.config = config
+        self.f_next = self.next_fan_out(self.tuner.k)  # the F_0..F_K the drafts made now are for
         self.block: Draft | None = None  # the whole K-token draft of the round being verified
         self.found: Draft | None = None  # the cached draft for the last outcome, if it hit
         self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
         self.last_lookup: Lookup | None = None  # what the cache made of the last outcome
-
-    @property
-    def model(self) -> CachedModel:
-        return self.drafter.model
-
-    @property
-    def tokens(self) -> list[int]:
-        """The committed tokens: the drafter's copy, which its observe advances."""
-        return self.drafter.tokens
-
-    @property
-    def k(self) -> int:
-        """K of the next round's drafts: how many draft uniforms the next round draws."""
-        return self.tuner.k
 
     def next_fan_out(self, k: int) -> tuple[int, ...]:
         """F_0..F_K of a round of K drafted tokens, from the strategy, the tuner's B and, calibrated, the estimates."""
@@ -173,27 +146,12 @@ class Speculator(Proposer):
             return self.calibrator.a_p, self.calibrator.r
         return self.config.a_p, self.config.r
 
-    def propose(self, k: int, u: torch.Tensor) -> Draft:
-        """The next draft: the cached one after a hit, else the backup's, drafted with u ([K] uniforms)."""
-        if self.found is not None:
-            self.block = self.found
-        else:
-            self.drafter.fan_out = self.f_next
-            self.block = replace(self.backup.propose(len(u), u), fan_out=self.f_next)
-        return self.block.truncated(k)
+    def predicted(self) -> bool:
+        """Did this round's pre-speculation predict anything (a budget above 0)?"""
+        return sum(self.block.fan_out) > 0
 
-    def prespeculate(self, u: torch.Tensor) -> None:
-        """Fill the cache with the next round's draft for every predicted outcome of this round (u: [K] uniforms,
-        the ones a backup would draft the next round with)."""
-        self.f_next = self.next_fan_out(len(u))
-        entries, self.rank_rows = {}, None
-        if sum(self.block.fan_out) > 0:  # the candidates of this round's outcomes
-            entries, self.rank_rows = branch_drafts(self.model, self.tokens, self.block, u, self.config.temperature,
-                                                    self.config.saguaro_c, self.f_next)
-        self.cache.fill(entries)
-
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
-        """Commit the outcome (k, t*), learn from it (calibrated fan-out) and look it up in the cache."""
+    def observe(self, verdict: Verdict) -> None:
+        """Learn from the outcome (k, t*) (calibrated fan-out, the tuner) and look it up in the cache."""
         k, t_star = verdict.outcome
         rank = None
         if self.rank_rows is not None:
@@ -202,46 +160,142 @@ class Speculator(Proposer):
         if self.calibrator:
             self.calibrator.update(k, verdict.draft_len, rank)
         self.tuner.step()
-        self.drafter.observe(draft, verdict)
-        if self.backup is not self.drafter:
-            self.backup.observe(draft, verdict)
-        self.found = self.cache.lookup(verdict.outcome) if sum(self.block.fan_out) > 0 else None
+        self.found = self.cache.lookup(verdict.outcome) if self.predicted() else None
         self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
+
+
+class Speculator(Proposer):
+    """SSD's proposer: the speculation cache with a backup, fed by pre-speculation, for each row of a batch.
+
+    A round: ``propose`` hands out each row's draft (from its cache after a hit, else from the backup: all the rows
+    that missed in one batched draft); while the target verifies them, ``prespeculate`` drafts the next round for
+    every predicted outcome of every row (one token tree); ``observe`` commits a row's outcome and looks it up
+    (``sequences[row].last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
+    (fewer near max_new_tokens): the cache is filled for the whole draft. Each row's K and B are its tuner's
+    (``ssd.tuning``): the configured ones, or on auto re-decided as the run goes from the estimates (on auto carried
+    over the answers of the process, ``ssd.tuning.carried_calibrator``, and shared by the batch's rows); a new K
+    applies from the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives
+    wherever the draft model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.protocol``.
+    """
+
+    def __init__(self, draft_model, prompts: list[list[int]], config: SSDConfig, vocab_size: int):
+        # No Proposer.__init__: the committed tokens are the drafter's (``tokens`` below), kept in one place.
+        self.config = config
+        self.drafter = SaguaroDrafter(draft_model, prompts, config)
+        self.backup = (self.drafter if config.backup == "jit" else
+                       NgramProposer(prompts, vocab_size, config.ngram, device=self.drafter.model.device))
+        self.sequences = [Speculation(config, self._calibrator(draft_model)) for _ in prompts]
+
+    def _calibrator(self, draft_model) -> Calibrator | None:
+        if on_auto(self.config):  # the estimates the process's last answer on these settings left (ssd.tuning)
+            return carried_calibrator(draft_model, self.config)
+        if self.config.fan_out_strategy == "calibrated":
+            return Calibrator(prior_a_p=self.config.a_p, prior_r=self.config.r)
+        return None
+
+    @property
+    def model(self) -> CachedModel:
+        return self.drafter.model
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """Each row's committed tokens: the drafter's copy, which its observe advances."""
+        return self.drafter.tokens
+
+    def k(self, row: int = 0) -> int:
+        """K of the row's next drafts: how many draft uniforms its next round draws."""
+        return self.sequences[row].tuner.k
+
+    def estimates(self, row: int = 0) -> tuple[float, float]:
+        """The a_p and r the row's fan-out strategy uses now."""
+        return self.sequences[row].estimates()
+
+    def propose(self, rooms: dict[int, int], us: dict[int, torch.Tensor]) -> dict[int, Draft]:
+        """Each row's next draft, cut to rooms[row] tokens: the cached one after a hit, else the backup's, drafted
+        with us[row] ([K] uniforms); the rows that missed are drafted together."""
+        missed = [row for row in rooms if self.sequences[row].found is None]
+        for row in missed:
+            self.drafter.fan_out[row] = self.sequences[row].f_next
+        backed = self.backup.propose({row: len(us[row]) for row in missed}, {row: us[row] for row in missed})
+        for row in rooms:
+            seq = self.sequences[row]
+            seq.block = seq.found if seq.found is not None else replace(backed[row], fan_out=seq.f_next)
+        return {row: self.sequences[row].block.truncated(room) for row, room in rooms.items()}
+
+    def prespeculate(self, us: dict[int, torch.Tensor]) -> None:
+        """Fill each row's cache with the next round's draft for every predicted outcome of its round (us[row]: [K]
+        uniforms, the ones a backup would draft the row's next round with)."""
+        for row, u in us.items():
+            seq = self.sequences[row]
+            seq.f_next, seq.rank_rows = seq.next_fan_out(len(u)), None
+        predicting = [row for row in us if self.sequences[row].predicted()]
+        entries, ranking = {}, {}
+        if predicting:
+            entries, ranking = branch_drafts(
+                self.model, {row: self.tokens[row] for row in predicting},
+                {row: self.sequences[row].block for row in predicting}, us, self.config.temperature,
+                self.config.saguaro_c, {row: self.sequences[row].f_next for row in predicting})
+        for row in us:
+            self.sequences[row].rank_rows = ranking.get(row)
+            self.sequences[row].cache.fill(entries.get(row, {}))
+
+    def observe(self, row: int, draft: Draft, verdict: Verdict) -> None:
+        """Commit the row's outcome (k, t*), learn from it and look it up in its cache."""
+        self.sequences[row].observe(verdict)
+        self.drafter.observe(row, draft, verdict)
+        if self.backup is not self.drafter:
+            self.backup.observe(row, draft, verdict)
+
+    def last_lookup(self, row: int = 0) -> Lookup:
+        return self.sequences[row].last_lookup
+
+    def retire(self, row: int) -> None:
+        self.drafter.retire(row)
 
 
 def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each round draws K uniforms to draft the next round and draft_len + 1 to verify this one, whatever happens:
-    the stream, and so the tokens, do not depend on hits, budget or fan-out (and two ranks can share it)."""
+    the stream, and so the tokens, do not depend on hits, budget or fan-out (and two ranks can share it). At batch b
+    each row draws its pair in turn, row by row."""
     return uniforms(k, generator), uniforms(draft_len + 1, generator)
 
 
-def generate_ssd(pair, prompt_ids, config: SSDConfig, generator: torch.Generator):
-    """SSD in one process. Lossless: every round is verified exactly as in SD, against the q it was drawn from."""
+@batchable
+def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
+    """SSD in one process, over a batch. Lossless: every round is verified exactly as in SD, against the q it was
+    drawn from."""
     check_ssd_config(config)
-    prompt_ids = check_prompt(pair, prompt_ids, config)
+    prompts = check_prompts(pair, prompts, config)
     config = with_latencies(pair, config)
-    speculator = Speculator(pair.draft, prompt_ids, config, pair.vocab_size)
-    verifier = Verifier(pair.target, prompt_ids, config, pair.eos_token_ids)
-    trace, watch = Trace("ssd", prompt_len=len(prompt_ids)), Stopwatch()
-    with watch.whole(trace):
-        watch.prefill(trace, prompt_ids, verifier.target, speculator.model)
-        draft = speculator.propose(verifier.room(), uniforms(speculator.k, generator))
-        done = False
-        while not done:
-            u_draft, u_verify = round_uniforms(generator, speculator.k, len(draft.tokens))
-            a_p, r = speculator.estimates()
+    speculator = Speculator(pair.draft, prompts, config, pair.vocab_size)
+    verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
+    traces, watch = batch_traces("ssd", prompts), Stopwatch()
+    with watch.whole(*traces):
+        watch.prefill(traces, prompts, verifier.target, speculator.model)
+        drafts = speculator.propose({row: verifier.room(row) for row in verifier.live},
+                                    {row: uniforms(speculator.k(row), generator) for row in verifier.live})
+        while verifier.live:
+            live = list(verifier.live)
+            u = {row: round_uniforms(generator, speculator.k(row), len(drafts[row].tokens)) for row in live}
+            estimates = {row: speculator.estimates(row) for row in live}
             with watch("prespec_s"):
-                speculator.prespeculate(u_draft)  # on two devices this overlaps the verify pass below
+                speculator.prespeculate({row: u[row][0] for row in live})  # on two devices this overlaps verify
             with watch("verify_s"):
-                checked = verifier.check(draft, u_verify)
-            done = checked.done
-            with watch("draft_s"):  # the lookup, and the backup after a miss
-                speculator.observe(draft, checked.verdict)
-                following = None if done else speculator.propose(verifier.room(), u_draft)
-            lookup = speculator.last_lookup
-            trace.rounds.append(ssd_round(checked, lookup, draft, following, a_p, r, **watch.take()))
-            draft = following
-    return verifier.new, trace
+                checked = verifier.check(drafts, {row: u[row][1] for row in live})
+            with watch("draft_s"):  # the lookups, and the backup after a miss
+                for row in live:
+                    speculator.observe(row, drafts[row], checked[row].verdict)
+                going = [row for row in live if not checked[row].done]
+                following = speculator.propose({row: verifier.room(row) for row in going},
+                                               {row: u[row][0] for row in going})
+            seconds, all_hit = watch.take(), all(speculator.last_lookup(row).hit for row in live)
+            for row in live:
+                traces[row].rounds.append(ssd_round(checked[row], speculator.last_lookup(row), drafts[row],
+                                                    following.get(row), *estimates[row], all_hit=all_hit, **seconds))
+                if checked[row].done:
+                    speculator.retire(row)
+            drafts = following
+    return verifier.new, traces
 
 
 def backup_used(following: Draft | None) -> str | None:
@@ -250,12 +304,13 @@ def backup_used(following: Draft | None) -> str | None:
 
 
 def ssd_round(checked: Checked, lookup: Lookup, draft: Draft, following: Draft | None, a_p: float, r: float,
-              **seconds) -> SSDRound:
-    """The trace's record of one SSD round; `following` is the next round's draft (None after the last)."""
+              all_hit: bool, **seconds) -> SSDRound:
+    """The trace's record of one row's SSD round; `following` is its next round's draft (None after the last);
+    all_hit: every row of the batch hit this round."""
     v = checked.verdict
     return SSDRound(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
                     hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, budget=sum(draft.fan_out), a_p=a_p, r=r,
-                    backup=backup_used(following), **seconds)
+                    backup=backup_used(following), all_hit=all_hit, **seconds)
 
 
 # ---- counterfactual hit rates ------------------------------------------------------------------------------------

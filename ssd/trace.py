@@ -41,6 +41,8 @@ class SSDRound(Round):
     a_p: float | None = None  # the a_p and r the fan-out strategy used (calibrated: the running estimates)
     r: float | None = None
     backup: str | None = None  # which backup drafted the next round after a miss ("jit" or "fast")
+    # Batch b: did every row of the batch hit this round? Only then is the round free of drafting (about p_hit^b)
+    all_hit: bool | None = None
 
 
 @dataclass
@@ -61,6 +63,9 @@ class Trace:
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0  # whole call, prompt processing included
     prefill_s: float | None = None  # of which the prompt's pass before the first round (None: not measured apart)
+    # The sequences decoded together with this one (1: alone). A batch's rows share every forward, so each row's
+    # wall_s, prefill_s and phase times are the batch's; tokens/s over a batch is its rows' tokens over one wall_s.
+    batch_size: int = 1
 
     @property
     def decode_s(self) -> float | None:
@@ -146,15 +151,18 @@ class Stopwatch:
         taken, self.seconds = self.seconds, {}
         return taken
 
-    def whole(self, trace: Trace):
-        """Time a whole generate call into trace.wall_s."""
-        return _timed(lambda seconds: setattr(trace, "wall_s", seconds))
+    def whole(self, *traces: Trace):
+        """Time a whole generate call into each trace's wall_s (a batch's rows share it)."""
+        return _timed(lambda seconds: [setattr(trace, "wall_s", seconds) for trace in traces])
 
-    def prefill(self, trace: Trace, prompt_ids: list[int], *models) -> None:
-        """The prompt's pass of each model (``CachedModel.prefill``), timed apart from the rounds: trace.prefill_s."""
-        with _timed(lambda seconds: setattr(trace, "prefill_s", seconds)):
+    def prefill(self, traces, prompts, *models) -> None:
+        """The prompts' pass of each model (``CachedModel.prefill``, one forward over the batch), timed apart from
+        the rounds: each trace's prefill_s. traces: a Trace or a batch's list; prompts: one prompt or a list."""
+        traces = [traces] if isinstance(traces, Trace) else traces
+        prompts = [prompts] if prompts and isinstance(prompts[0], int) else prompts
+        with _timed(lambda seconds: [setattr(trace, "prefill_s", seconds) for trace in traces]):
             for model in models:
-                model.prefill(prompt_ids)
+                model.prefill(dict(enumerate(prompts)))
 
 
 @contextlib.contextmanager

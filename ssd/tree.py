@@ -27,48 +27,68 @@ def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> tor
 
 
 def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
-    """Additive [1, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches.
+    """Additive [b, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches of each of b rows.
 
-    Branch b sees the prefix columns prefix_visible[b] ([N, base]) marks and its own nodes of depths 0..depth; tree
-    columns are laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's dtype.
+    Branch j of a row sees the prefix slots prefix_visible[row, j] ([b, N, base]) marks and its own nodes of depths
+    0..depth; tree slots are laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's
+    dtype.
     """
-    n, device = prefix_visible.shape[0], prefix_visible.device
+    b, n, device = prefix_visible.shape[0], prefix_visible.shape[1], prefix_visible.device
     own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)  # [N, (depth + 1) N]
-    visible = torch.cat([prefix_visible, own], dim=1)  # [N, base + (depth + 1) N]
+    visible = torch.cat([prefix_visible, own.expand(b, -1, -1)], dim=2)  # [b, N, base + (depth + 1) N]
     mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[:, None]
 
 
 @torch.inference_mode()
-def draft_tree(draft: CachedModel, prefix_len: int, outcomes, u: torch.Tensor, temperature: float, c: float,
-               fan_out) -> list[Draft]:
-    """Draft len(u) tokens for every outcome (k, t) at once: len(u) forwards, each over all N branches in one row.
+def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[int, list], u: dict[int, torch.Tensor],
+               temperature: float, c: float, fan_out: dict[int, tuple[int, ...]]) -> dict[int, list[Draft]]:
+    """Draft len(u[row]) tokens for every outcome (k, t) of every row at once: one forward per depth, over all rows
+    and all their branches (a row with fewer branches is padded, as is a row not in `outcomes`).
 
-    The draft's cache holds prefix + x_1..x_K (base positions). Branch (k, t) continues prefix + x_1..x_k + t, so its
-    nodes see the prefix and the first k chain tokens, then their own earlier nodes. Each branch is drawn with
-    Saguaro's q for `fan_out` (the F_0..F_K of the round it drafts for). Returns one Draft per outcome.
+    The draft's cache holds each row's prefix + x_1..x_K. Branch (k, t) continues prefix + x_1..x_k + t, so its nodes
+    see the prefix and the first k chain tokens, then their own earlier nodes. A row's branches are drawn with its
+    u and Saguaro's q for its fan_out (the F_0..F_K of the round it drafts for). Returns each row's Drafts, one per
+    outcome, in order.
     """
-    model, base, device = draft.model, draft.length, draft.device
+    model, base, device = draft.model, draft.slots, draft.device
+    n = max(len(branches) for branches in outcomes.values())
+    index = {row: draft.rows.index(row) for row in outcomes}  # the row's place in the cache's batch
     # Made on the draft's device once: only the uniforms come in per depth, the tokens go out once at the end.
-    ks = torch.tensor([k for k, _ in outcomes], device=device)  # [N] accepted count of each branch's outcome
-    feed = torch.tensor([t for _, t in outcomes], device=device)  # [N] fed at this depth: t*, then each branch's draft
-    prefix_visible = torch.arange(base, device=device)[None, :] < (prefix_len + ks)[:, None]  # [N, base]
-    tokens, q_rows, logit_rows = [], [], []
-    for depth in range(len(u)):
+    ks = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] accepted count of each branch's outcome
+    feed = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] fed at this depth: t*, then each branch's draft
+    starts = torch.zeros(len(draft.rows), 1, dtype=torch.long)  # [b, 1] each row's prefix length
+    for row, branches in outcomes.items():
+        ks[index[row], : len(branches)] = torch.tensor([k for k, _ in branches])
+        feed[index[row], : len(branches)] = torch.tensor([t for _, t in branches])
+        starts[index[row]] = prefix_lens[row]
+    logical = draft.valid.cumsum(1) - 1  # [b, base] the position each slot holds in its row
+    prefix_visible = draft.valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
+    prefix_visible, ks, feed, starts = prefix_visible.to(device), ks.to(device), feed.to(device), starts.to(device)
+    drawn = {row: ([], [], []) for row in outcomes}  # per row: tokens [N_row], q [N_row, V], logits [N_row, V]
+    for depth in range(max(len(u[row]) for row in outcomes)):
         out = model(
-            input_ids=feed[None].to(device),  # [1, N]; a no-op, but on MPS, which samples on the CPU (ssd.sampling)
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype),  # [1, 1, N, base + (depth + 1) N]
-            position_ids=(prefix_len + ks + depth)[None],  # [1, N]
+            input_ids=feed,  # [b, N]
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype),  # [b, 1, N, base + (depth + 1) N]
+            position_ids=starts + ks + depth,  # [b, N]
             cache=draft.cache,
             use_cache=True,
         )
-        logits = out.logits[0].float()  # [N, V]
-        q = saguaro_q(logits, temperature, fan_out[depth], c)  # [N, V]
-        feed = sample_from_uniform(q, u[depth].expand(len(outcomes)))  # [N]
-        tokens.append(feed)
-        q_rows.append(q)
-        logit_rows.append(logits)
-    draft.rollback(base)
+        logits = out.logits.float()  # [b, N, V]
+        for row, branches in outcomes.items():
+            if depth < len(u[row]):
+                row_logits = logits[index[row], : len(branches)]  # [N_row, V]
+                q = saguaro_q(row_logits, temperature, fan_out[row][depth], c)  # [N_row, V]
+                tokens = sample_from_uniform(q, u[row][depth].expand(len(branches)))  # [N_row]
+                feed[index[row], : len(branches)] = tokens.to(device)
+                for kept, value in zip(drawn[row], (tokens, q, row_logits)):
+                    kept.append(value)
+    draft.truncate(base)
+    return {row: _drafts(*drawn[row], fan_out[row]) for row in outcomes}
+
+
+def _drafts(tokens: list, q_rows: list, logit_rows: list, fan_out) -> list[Draft]:
+    """One row's branches as Drafts, from its per-depth tokens [N], q [N, V] and logits [N, V]."""
     tokens = torch.stack(tokens, 1).tolist()  # [N, K], read back once
     q_rows, logit_rows = torch.stack(q_rows, 1), torch.stack(logit_rows, 1)  # [N, K, V] each
-    return [Draft(tokens[i], q_rows[i], logit_rows[i], tuple(fan_out), source="cache") for i in range(len(outcomes))]
+    return [Draft(tokens[i], q_rows[i], logit_rows[i], tuple(fan_out), source="cache") for i in range(len(tokens))]

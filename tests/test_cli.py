@@ -75,16 +75,16 @@ def test_a_killed_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     pair, prompts = tiny_pair(), load_prompts("prose[0:3]")
     config, checkpoint = DecodeConfig(k=2, max_new_tokens=10), str(tmp_path / "b.json.partial")
     whole = bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False)
-    real_run_one, answers = bench.run_one, []
+    real_run_batch, answers = bench.run_batch, []
 
-    def dies_on_the_last_prompt(method, pair, prompt_ids, config, seed):
+    def dies_on_the_last_prompt(method, pair, contexts, config, seed):  # batch size 1: one answer a call
         if config.max_new_tokens == 10:  # not the warm-up's (8 tokens)
             answers.append(method)
             if len(answers) == 5:
                 raise RuntimeError("killed")  # as a kill would, mid-prompt
-        return real_run_one(method, pair, prompt_ids, config, seed)
+        return real_run_batch(method, pair, contexts, config, seed)
 
-    monkeypatch.setattr(bench, "run_one", dies_on_the_last_prompt)
+    monkeypatch.setattr(bench, "run_batch", dies_on_the_last_prompt)
     with pytest.raises(RuntimeError, match="killed"):
         bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False, checkpoint=checkpoint)
     answers.clear()

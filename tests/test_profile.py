@@ -65,10 +65,10 @@ def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
     calls = []
     real = tree_module.draft_tree
 
-    def spy(draft, prefix_len, outcomes, u, *rest):
-        calls.append((draft.length, prefix_len, len(outcomes), len(u)))
-        out = real(draft, prefix_len, outcomes, u, *rest)
-        assert draft.length == prefix_len  # rolled back
+    def spy(draft, prefix_lens, outcomes, u, *rest):  # a batch of one row, row 0
+        calls.append((draft.length(), prefix_lens[0], len(outcomes[0]), len(u[0])))
+        out = real(draft, prefix_lens, outcomes, u, *rest)
+        assert draft.cache.get_seq_length() == draft.length() == prefix_lens[0]  # rolled back
         return out
 
     monkeypatch.setattr(tree_module, "draft_tree", spy)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ssd import DecodeConfig, generate_ar, tiny_pair
+from ssd.decoding import batchable
 from ssd.bench import load_rows, run_bench
 from ssd.cli import main
 from ssd.methods import METHODS
@@ -106,13 +107,15 @@ def test_each_method_answers_turn_two_after_its_own_answer_to_turn_one(monkeypat
     turn1 = encode(pair.tokenizer, prompt)
     seen = []
 
-    def other(pair, ids, config, generator):
+    @batchable
+    def other(pair, prompts, config, generator):
         """AR, except that on turn 1 it answers every token one id above AR's: an answer AR would not give."""
+        (ids,) = prompts  # the bench's batch size is 1
         seen.append(list(ids))
         tokens, trace = generate_ar(pair, ids, config, generator)
         if ids == turn1:
             tokens = [(t + 1) % pair.vocab_size for t in tokens]
-        return tokens, trace
+        return [tokens], [trace]
 
     monkeypatch.setitem(METHODS, "other", other)
     rows = run_bench(pair, [prompt], ["ar", "other"], config, progress=False)["rows"]

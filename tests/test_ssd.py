@@ -33,15 +33,21 @@ def tree_and_alone(draft_model):
     uniforms: [(the tree's Draft, the lone Draft)]."""
     prompt, K = [3, 1, 4, 1, 5], 3
     config = SSDConfig(k=K, temperature=1.0, budget=6)
-    speculator = Speculator(draft_model, prompt, config, draft_model.config.vocab_size)
+    speculator = Speculator(draft_model, [prompt], config, draft_model.config.vocab_size)
     speculator.model.prefill(prompt)
-    draft = speculator.propose(K, uniforms(K, torch.Generator()))
+    draft = speculator.propose({0: K}, {0: uniforms(K, torch.Generator())})[0]
     u = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
-    speculator.prespeculate(u)
-    assert speculator.model.length == len(prompt) + K  # the tree was cropped away
-    assert len(speculator.cache) == config.budget
-    return [(branch, DraftModelProposer(draft_model, prompt + draft.tokens[:k] + [t], temperature=1.0).propose(K, u))
-            for (k, t), branch in speculator.cache.entries.items()]
+    speculator.prespeculate({0: u})
+    assert speculator.model.length() == len(prompt) + K  # the tree was cropped away
+    assert speculator.model.cache.get_seq_length() == len(prompt) + K
+    cache = speculator.sequences[0].cache
+    assert len(cache) == config.budget
+    return [(branch, alone(draft_model, prompt + draft.tokens[:k] + [t], K, u)) for (k, t), branch in cache.entries.items()]
+
+
+def alone(draft_model, prompt, k, u):
+    """The draft model's k-token draft after `prompt`, drafted alone (a batch of one)."""
+    return DraftModelProposer(draft_model, [prompt], temperature=1.0).propose({0: k}, {0: u})[0]
 
 
 def assert_tree_drafting_equals_each_branch_alone(draft_model):
@@ -59,16 +65,16 @@ def test_tree_drafting_equals_drafting_each_branch_alone(pair):
 def test_proposers_commit_what_the_verdict_accepted(pair):
     """observe keeps each proposer's context the committed tokens, and the draft model's cache a prefix of them."""
     prompt = [1, 2, 3, 1, 2]
-    model = DraftModelProposer(pair.draft, prompt, temperature=0.0)
-    draft = model.propose(3, uniforms(3, torch.Generator()))
-    assert model.model.length == len(prompt) + 2  # the last drafted token is never fed
-    model.observe(draft, Verdict(accepted=1, token=9, draft_len=3))
-    assert model.tokens == prompt + draft.tokens[:1] + [9] and model.model.length == len(prompt) + 1
-    ngram = NgramProposer(prompt, pair.vocab_size, max_n=2)
-    lookup = ngram.propose(2, uniforms(2, torch.Generator()))
+    model = DraftModelProposer(pair.draft, [prompt], temperature=0.0)
+    draft = model.propose({0: 3}, {0: uniforms(3, torch.Generator())})[0]
+    assert model.model.length() == len(prompt) + 2  # the last drafted token is never fed
+    model.observe(0, draft, Verdict(accepted=1, token=9, draft_len=3))
+    assert model.tokens[0] == prompt + draft.tokens[:1] + [9] and model.model.length() == len(prompt) + 1
+    ngram = NgramProposer([prompt], pair.vocab_size, max_n=2)
+    lookup = ngram.propose({0: 2}, {0: uniforms(2, torch.Generator())})[0]
     assert lookup.tokens == [3, 1] and lookup.logits is None and lookup.q.sum(-1).tolist() == [1.0, 1.0]
-    ngram.observe(lookup, Verdict(accepted=2, token=2, draft_len=2))
-    assert ngram.tokens == prompt + [3, 1, 2]
+    ngram.observe(0, lookup, Verdict(accepted=2, token=2, draft_len=2))
+    assert ngram.tokens[0] == prompt + [3, 1, 2]
     assert lookup.truncated(1).tokens == [3] and lookup.truncated(1).q.shape == (1, pair.vocab_size)
 
 
@@ -180,6 +186,7 @@ def test_ngram_proposal_copies_what_followed_the_last_match():
     assert ngram_proposal([5, 6, 5], 2, 3) == [6, 5]
     assert ngram_proposal([4, 8, 4], 3, 3) == [8, 4, 4]  # a short continuation is padded with its last token
     assert ngram_proposal([1, 2, 3], 2, 3) == [3, 3]  # no match: repeat the last token
+    assert ngram_proposal([5, 6, 5], 0, 3) == []  # a round that drafts nothing (the last before max_new_tokens)
 
 
 def test_cache_counts_hits_and_misses():

@@ -1,5 +1,4 @@
 """The accept / recover / bonus step: hand-built edge cases, then a statistical test that it is lossless."""
-import collections
 
 import pytest
 import torch
