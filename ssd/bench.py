@@ -129,6 +129,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     identity = _identity(pair, prompts, methods, config, seed)
     rows, rounds, done = _resume(checkpoint, identity)
     size = max(batch_size_of(m, config) for m in methods)
+    _say_ragged_end(len(prompts), size)
     if done < len(prompts):
         warm_up(pair, [encode(pair.tokenizer, p) for p in prompts[done : done + size]], methods, config)
     j = sum(len(p.turns) for p in prompts[:done])  # the answer's index over the whole run
@@ -158,6 +159,13 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     frame = pd.DataFrame(rows)
     summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
     return {"rows": rows, "summary": summary, "categories": by_category(frame)}
+
+
+def _say_ragged_end(n: int, size: int) -> None:
+    """Once, where prompts do not divide into batches: the last one is smaller (its rows run at that batch size)."""
+    if size > 1 and n % size:
+        print(f"[bench] {n} prompts in groups of {size}: the last group holds {n % size}, and its batches are that "
+              "small", file=sys.stderr)
 
 
 def _identity(pair, prompts, methods: list[str], config: DecodeConfig, seed: int) -> dict:

@@ -51,22 +51,21 @@ class CachedModel:
 
     @torch.inference_mode()
     def logits(self, tokens, keep):
-        """Feed each row tokens[length:] and return the logits of its last `keep` positions, float32.
+        """Feed each row tokens[length:] in one forward and return the logits of its last `keep` positions, float32.
 
         tokens: one row's list (row 0) -> [keep, V]; or {row: list} (keep an int or {row: int}) -> {row: [keep, V]}.
-        The positions before those `keep` go through the model without its output layer (`extend`); the head then
-        sees exactly the slots it must score. (Asking transformers for the last rows of a longer pass hands the head
-        a strided slice, and torch 2.13 then copies the whole bfloat16 head weight on every such call: a 4x slower
-        prompt pass, seen on this project's CPUs.)
+        The output layer sees only the slots it must score, gathered by index (a contiguous copy): asking
+        transformers for the last rows of a longer pass by count hands the head a strided slice, and torch 2.13 then
+        copies the whole bfloat16 head weight on every such call (a 4x slower prompt pass, seen on this project's
+        CPUs).
         """
         single = not isinstance(tokens, dict)
         if single:
             tokens, keep = {0: tokens}, {0: keep}
         elif isinstance(keep, int):
             keep = dict.fromkeys(tokens, keep)
-        self.extend({row: seq[: len(seq) - keep[row]] for row, seq in tokens.items()})
         feeds = {row: seq[self.lengths[row]:] for row, seq in tokens.items()}
-        logits = self._forward(feeds, head=True)  # [b, width, V], right-aligned: a row's last slot is the last
+        logits = self._forward(feeds, keep=max(keep.values()))  # [b, keep, V], right-aligned: a row's last slot last
         out = {row: logits[self.rows.index(row), logits.shape[1] - keep[row]:].float() for row in tokens}
         return out[0] if single else out
 
@@ -76,7 +75,7 @@ class CachedModel:
         tokens = tokens if isinstance(tokens, dict) else {0: tokens}
         feeds = {row: seq[self.lengths[row]:] for row, seq in tokens.items() if len(seq) > self.lengths[row]}
         if feeds:
-            self._forward(feeds, head=False)
+            self._forward(feeds, keep=0)
 
     def prefill(self, tokens) -> None:
         """Feed all of each row's tokens but the last: the prompt's pass, apart from the rounds that follow it. The
@@ -84,8 +83,9 @@ class CachedModel:
         tokens = tokens if isinstance(tokens, dict) else {0: tokens}
         self.extend({row: seq[:-1] for row, seq in tokens.items()})
 
-    def _forward(self, feeds: dict[int, list[int]], head: bool):
-        """One forward over every row of the batch; rows not in `feeds`, and short ones, get padding slots."""
+    def _forward(self, feeds: dict[int, list[int]], keep: int):
+        """One forward over every row of the batch (rows not in `feeds`, and short ones, get padding slots), and the
+        logits of the block's last `keep` slots ([b, keep, V]; keep 0: none, the model without its output layer)."""
         width = max(len(seq) for seq in feeds.values())
         b, base = self.valid.shape
         ids = torch.zeros(b, width, dtype=torch.long)  # [b, width] right-aligned feeds; id 0 in padding slots
@@ -99,13 +99,13 @@ class CachedModel:
         if not valid.all():
             positions = (valid.cumsum(1) - 1).clamp(min=0)[:, base:]  # [b, width] each row's own positions
             masking = dict(attention_mask=self._mask(valid, width), position_ids=positions.to(self.device))
-        model = self.model if head else self.model.base_model
-        out = model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True,
-                    **(dict(logits_to_keep=width) if head else {}), **masking)
+        model = self.model if keep else self.model.base_model
+        scored = dict(logits_to_keep=torch.arange(width - keep, width, device=self.device)) if keep else {}
+        out = model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True, **scored, **masking)
         self.valid = valid
         for row, seq in feeds.items():
             self.lengths[row] += len(seq)
-        return out.logits if head else None
+        return out.logits if keep else None
 
     def _mask(self, valid: torch.Tensor, width: int) -> torch.Tensor:
         """The additive [b, 1, width, L + width] mask of a block of `width` slots after L cached ones."""

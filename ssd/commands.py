@@ -51,6 +51,9 @@ def cmd_generate(args) -> None:
     pair, config = setup(args)
     prompts = [encode(pair.tokenizer, Prompt(f"cli{i}", text, chat=args.chat)) for i, text in enumerate(args.prompt)]
     generator = torch.Generator().manual_seed(args.seed)
+    if len(prompts) % config.batch_size and len(prompts) > config.batch_size:
+        print(f"[ssd] {len(prompts)} prompts in batches of {config.batch_size}: the last holds "
+              f"{len(prompts) % config.batch_size}", file=sys.stderr)
     for first in range(0, len(prompts), config.batch_size):  # the prompts, batch_size at a time
         batch = prompts[first : first + config.batch_size]
         answers, traces = method(pair, batch, config, generator)

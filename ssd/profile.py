@@ -7,8 +7,9 @@ Three curves and a floor (``python -m ssd profile``):
   the rows, each a branch node that sees the context and itself, and the draw of each row's next token, timed as
   ``ssd.tree.draft_tree`` runs them. SSD pays when B branches cost about one row. At one row it is a draft step;
 - the draft's glue step against the tokens it feeds (as the target's): after a hit SSD feeds t* and the K cached
-  tokens and takes the logits after them before the tree, as ``CachedModel.logits`` does (a pass over all but the
-  last without the output layer, then a one-token step: at 5 tokens half as dear again as one causal pass here);
+  tokens and takes the logits after them before the tree, as ``CachedModel.logits`` does (one pass, the output
+  layer on the last slot alone; profiles stored before December 2026 timed it as two passes, a pass over all but
+  the last without the output layer then a one-token step, which at 5 tokens cost half as much again as one pass);
 - the physical floor beside them: the one-token step that reading every weight once at this core set's measured
   memory bandwidth would take. A step far above its floor is compute- or overhead-bound, not memory-bound.
 

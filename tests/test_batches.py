@@ -197,6 +197,13 @@ def test_a_batch_is_refused_in_one_line_where_it_cannot_run(pair):
         METHODS["sd"](pair, [[1, 2], []], DecodeConfig(), torch.Generator())
 
 
+def test_a_set_that_does_not_divide_into_batches_ends_with_a_smaller_one_said_once(pair, capsys):
+    result = run_bench(pair, load_prompts("prose[0:3]"), ["ar:batch_size=2"], DecodeConfig(max_new_tokens=4),
+                       progress=False)
+    assert [r["batch_size"] for r in result["rows"]] == [2, 2, 1]
+    assert capsys.readouterr().err.count("3 prompts in groups of 2: the last group holds 1") == 1
+
+
 def test_the_bench_runs_each_method_at_its_batch_size_side_by_side(pair):
     prompts = load_prompts("prose[0:4]")
     result = run_bench(pair, prompts, ["ar", "ar:batch_size=4", "sd:batch_size=2"], DecodeConfig(k=3, max_new_tokens=8),
