@@ -127,6 +127,9 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
     generator = torch.Generator()
     generator.set_state(start.generator_state)
     speculator = Speculator(draft_model, start.prompts, config, start.vocab_size)
+    # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first draft): an
+    # int8 draft quantizes each forward's activations with one scale, so the same drafts need the same forwards.
+    speculator.model.prefill(dict(enumerate(start.prompts)))
     live = list(range(len(start.prompts)))
     first = tuple(speculator.k(row) for row in live)
     drafts = speculator.propose(dict(enumerate(start.rooms)), {row: uniforms(first[row], generator) for row in live})
