@@ -114,9 +114,7 @@ class CachedModel:
         query = torch.arange(total - width, total)  # [width] the block's slots
         sees = valid[:, None, :] & (slot[None, None, :] <= query[None, :, None])  # [b, width, L + width]
         sees |= slot[None, None, :] == query[None, :, None]  # itself: a padding slot must attend to something
-        dtype = self.model.dtype
-        mask = torch.zeros(sees.shape, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
-        return mask[:, None].to(self.device)
+        return additive_mask(sees, self.model.dtype)[:, None].to(self.device)
 
     @torch.inference_mode()  # valid is an inference tensor (made in a forward): updated in that mode
     def rollback(self, length: int, row: int = 0) -> None:
@@ -180,3 +178,8 @@ class CachedModel:
 def _gather_slots(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """states [b, heads, L, dim], index [b, L'] -> [b, heads, L', dim]: each row's slots in the order index gives."""
     return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
+
+
+def additive_mask(sees: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean visibility (True: attend) as the additive mask transformers adds to the scores, in the model's dtype."""
+    return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, torch.finfo(dtype).min)

@@ -119,7 +119,7 @@ def check_window(pair, prompt_len: int, config) -> None:
         )
 
 
-def _finish(appended: list[int], room: int, eos: tuple[int, ...]) -> tuple[list[int], bool]:
+def cut(appended: list[int], room: int, eos: tuple[int, ...]) -> tuple[list[int], bool]:
     """Cut a round's tokens at the first EOS (kept, as transformers does) and at max_new_tokens."""
     for i, t in enumerate(appended):
         if t in eos:
@@ -143,7 +143,7 @@ def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator)
             seconds = watch.take()
             for row in list(live):
                 token, top = steps[row]
-                emitted, done = _finish([token], config.max_new_tokens - len(new[row]), pair.eos_token_ids)
+                emitted, done = cut([token], config.max_new_tokens - len(new[row]), pair.eos_token_ids)
                 tokens[row] += emitted
                 new[row] += emitted
                 traces[row].rounds.append(Round(draft_len=0, accepted=0, token=token, new_tokens=len(emitted),
@@ -207,7 +207,7 @@ class Verifier:
         verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1])
         self.target.rollback(len(self.tokens[row]) + verdict.accepted, row)  # the rejected tail leaves the cache
         appended = draft.tokens[: verdict.accepted] + [verdict.token]
-        emitted, done = _finish(appended, self.config.max_new_tokens - len(self.new[row]), self.eos)
+        emitted, done = cut(appended, self.config.max_new_tokens - len(self.new[row]), self.eos)
         self.tokens[row] += emitted
         self.new[row] += emitted
         if done:

@@ -12,7 +12,7 @@ import time
 import torch
 from transformers import GenerationConfig
 
-from .decoding import DecodeConfig, batchable, check_prompts
+from .decoding import DecodeConfig, batchable, check_prompts, cut
 from .trace import Trace
 
 
@@ -50,16 +50,8 @@ def _hf_generate(method: str, pair, prompts, config: DecodeConfig, generator: to
     with torch.inference_mode():
         out = pair.target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     wall = time.perf_counter() - start
-    new = [_until_eos(row, pair.eos_token_ids) for row in out[:, width:].tolist()]
+    new = [cut(row, len(row), pair.eos_token_ids)[0] for row in out[:, width:].tolist()]  # transformers pads the rest
     return new, [Trace(method, prompt_len=len(p), wall_s=wall, batch_size=len(prompts)) for p in prompts]
-
-
-def _until_eos(tokens: list[int], eos) -> list[int]:
-    """A row's tokens up to and with its first EOS: what our methods return (the rest is transformers' padding)."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
 
 
 @batchable

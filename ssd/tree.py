@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .cached_model import CachedModel
+from .cached_model import CachedModel, additive_mask
 from .proposers import Draft
 from .sampling import probs_from_logits, sample_from_uniform, saguaro
 
@@ -36,8 +36,7 @@ def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
     b, n, device = prefix_visible.shape[0], prefix_visible.shape[1], prefix_visible.device
     own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)  # [N, (depth + 1) N]
     visible = torch.cat([prefix_visible, own.expand(b, -1, -1)], dim=2)  # [b, N, base + (depth + 1) N]
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[:, None]
+    return additive_mask(visible, dtype)[:, None]
 
 
 @torch.inference_mode()
