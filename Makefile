@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
 		--store data/profiles --figure figures/profile_float32.png
 
-# The sweeps behind the README's findings (resumable: a rerun skips the points already in data/). About 3 hours on
+# The sweeps behind docs/findings.md (resumable: a rerun skips the points already in data/). About 3 hours on
 # a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the wall-clock grid at the auto precision 54
 # minutes, which must run alone.
 sweep: $(STAMP)

@@ -107,8 +107,9 @@ def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeC
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
               profile=None, checkpoint: str | None = None) -> dict:
-    """Returns {"rows": [...], "summary": [...], "categories": [...]}: one row per (method, generated answer), one
-    summary row per method, and the per-category report (by_category).
+    """Returns {"rows": [...], "summary": [...], "categories": [...], "spans": [...]}: one row per (method, generated
+    answer), one summary row per method, the per-category report (by_category), and the timed blocks of every answer
+    decoded by this call (Trace.spans_frame's rows with the answer's prompt_id; for ssd.plots.timeline).
 
     A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
@@ -128,6 +129,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
     identity = _identity(pair, prompts, methods, config, seed)
     rows, rounds, done = _resume(checkpoint, identity)
+    spans = []
     size = max(batch_size_of(m, config) for m in methods)
     _say_ragged_end(len(prompts), size)
     if done < len(prompts):
@@ -146,10 +148,11 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
             turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed + j,
                                         profile, bar)
             _report_identity(pair, config, turn_rows, runs, contexts, seed + j)
-            for method, i, tokens, _, frame in runs:
+            for row, (method, i, tokens, trace, frame) in zip(turn_rows, runs):
                 answers[method][members[i]].append(_without_eos(tokens, pair.eos_token_ids))
                 if frame is not None:
                     rounds.append(frame)
+                spans += trace.spans_frame().assign(method=method, prompt_id=row["prompt_id"]).to_dict("records")
             rows += turn_rows
             j += len(members)
         if checkpoint:
@@ -158,7 +161,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     bar.close()
     frame = pd.DataFrame(rows)
     summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
-    return {"rows": rows, "summary": summary, "categories": by_category(frame)}
+    return {"rows": rows, "summary": summary, "categories": by_category(frame), "spans": spans}
 
 
 def _say_ragged_end(n: int, size: int) -> None:

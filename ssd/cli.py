@@ -164,7 +164,7 @@ def torchrun_main(argv=None) -> int:
     rank = env_rank()
     if rank is None:
         print("ssd.torchrun runs as a torchrun job: torchrun --nproc-per-node 2 -m ssd.torchrun bench --methods "
-              "ar,ssd-pipeline ... (see README). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
+              "ar,ssd-pipeline ... (see docs/pipeline.md). On one machine, `python -m ssd ... --methods ssd-pipeline` starts "
               "the drafter itself.", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)

@@ -93,6 +93,7 @@ def cmd_bench(args) -> None:
         config = dataclasses.replace(config, latencies=latencies)
     checkpoint = f"{args.json}.partial" if args.json else None
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)
+    result.pop("spans")  # the timeline's: a JSON keeps the rows and their summaries
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
     print(bench.summary_table(result["summary"]))

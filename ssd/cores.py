@@ -1,7 +1,7 @@
 """CPU cores: naming them ('0', '0,2', '0-3'), checking them, and running on them with one torch thread each.
 
-Two processes pinned to one core each run side by side on a CPU as two devices (README, "SSD on two ranks"); the
-profile measures each model on the cores its rank will have.
+Two processes pinned to one core each run side by side on a CPU as two devices (docs/pipeline.md, "SSD on two
+ranks"); the profile measures each model on the cores its rank will have.
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def drafter_device(verifier: torch.device, spawned: bool = True) -> torch.device
     if spawned and drafter.index >= torch.cuda.device_count():
         raise ValueError(f"the pipeline needs a second GPU for its drafter: the verifier is on {verifier} and this "
                          f"machine has {torch.cuda.device_count()} CUDA device(s); give draft_device='cpu' to draft on "
-                         "the CPU, or run one rank per host with torchrun (README, two hosts)")
+                         "the CPU, or run one rank per host with torchrun (docs/pipeline.md, two hosts)")
     return drafter
 
 

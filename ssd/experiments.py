@@ -201,3 +201,44 @@ def auto_against_fixed(variants: pd.DataFrame, base: str, default: str) -> dict:
             "auto_over_best": auto["decode_tokens_per_s"] / best["decode_tokens_per_s"],
             "default": default, "default_tokens_per_s": default_tps,
             "auto_over_default": auto["decode_tokens_per_s"] / default_tps}
+
+
+def timeline_summary(spans: pd.DataFrame) -> pd.DataFrame:
+    """What a timeline (ssd.plots.timeline) shows, in numbers, per method over its rounds (the prompts' pass left
+    out): the mean ms per round of each phase (verify, wait, draft steps or pre-speculation, lookup and backups:
+    draft_s), the share of the decode time each lane worked (waits are not work), and the share in which both worked
+    at once: 0 where the models take turns (SD), above 0 where the drafter works while the verifier verifies.
+    spans: Trace.spans_frame() rows (one call per method; ssd.bench.run_bench's "spans" for one prompt)."""
+    rows = []
+    for method, g in spans[spans["round"].notna()].groupby("method", sort=False):
+        decode_s = g["end_s"].max() - g["start_s"].min()
+        work = g[g["phase"] != "wait_s"]
+        lanes = {lane: _merged(work[work["lane"] == lane]) for lane in ("target", "draft")}
+        rounds = g["round"].nunique()
+        ms = (g["end_s"] - g["start_s"]).groupby(g["phase"]).sum() * 1000 / rounds
+        rows.append({"method": method, "rounds": rounds, "decode_s": decode_s,
+                     **{f"{phase[:-2]}_ms": ms.get(phase, 0.0) for phase in ("verify_s", "wait_s", "draft_s",
+                                                                               "prespec_s")},
+                     **{f"{lane}_busy": _length(covered) / decode_s for lane, covered in lanes.items()},
+                     "both_busy": _length(_overlap(lanes["target"], lanes["draft"])) / decode_s})
+    return pd.DataFrame(rows)
+
+
+def _merged(spans: pd.DataFrame) -> list[tuple[float, float]]:
+    """The time the spans cover, as sorted disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(zip(spans["start_s"], spans["end_s"])):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals where two sorted disjoint interval lists both hold."""
+    return [(max(s, t), min(e, f)) for s, e in a for t, f in b if max(s, t) < min(e, f)]
+
+
+def _length(intervals) -> float:
+    return sum(end - start for start, end in intervals)

@@ -66,7 +66,8 @@ def sequence_index(tokens, vocab_size) -> int:
 # bits, so Qwen's top logits (16 to 32) sit on a grid 0.125 apart; a pass over K + 1 tokens and a one-token pass sum
 # in different orders through every layer and were measured to move the top-2 margin by up to 2 steps (0.25 over
 # 349 positions of HumanEval and prose with a bfloat16 output layer, 0.15 with the float32 one a target now keeps;
-# README "Greedy identity"); a flip needs a margin below that drift. The bound is twice the largest drift measured.
+# docs/precision.md, "Greedy identity"); a flip needs a margin below that drift. The bound is twice the largest drift
+# measured.
 # float32 gets no bound: there the output must be the target's, token for token.
 NEAR_TIE_ULPS = 4
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10}

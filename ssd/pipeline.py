@@ -15,8 +15,8 @@ different thread counts), and at temperature 0 the target's own greedy tokens.
 
 Launch: ``Pipeline(pair)``, or the method ``generate_ssd_pipeline``, spawns rank 1 as a child process that loads the
 draft itself and serves every later call. Under torchrun both ranks run ``python -m ssd.torchrun ARGS``: rank 0 runs
-``python -m ssd ARGS``, whose method ssd-pipeline talks to rank 1, the job's other process (README: two GPUs, two
-hosts).
+``python -m ssd ARGS``, whose method ssd-pipeline talks to rank 1, the job's other process (docs/pipeline.md: two
+GPUs, two hosts).
 
 Faults: every wait is bounded (timeout_s within a round, load_timeout_s while the draft loads) and watches the peer:
 rank 0 polls its child's exit code, a spawned rank 1 its parent's pid, and a rank that dies closes the link, which
@@ -253,7 +253,8 @@ class Pipeline:
             # slowed each other more than the drafter's short pass costs when it follows.)
             with pinned(self.prefill_cores):
                 watch.prefill(traces, prompts, verifier.target)
-            verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces)
+            verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
+                          watch, same_host=self.drafter.host == socket.gethostname())
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager

@@ -11,6 +11,7 @@ rcParams. `save` writes a PNG atomically; `coloured_tokens` renders a generated 
 from __future__ import annotations
 
 import html
+import itertools
 import math
 import os
 from contextlib import contextmanager
@@ -34,6 +35,17 @@ LEVEL = 0.95
 CI_LABEL = "mean ± 95% CI over prompts"
 RATE_CI_LABEL = "mean ± 95% CI over prompts, clipped to [0, 1]"
 NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompts"
+
+# One colour per method through the whole course (colorblind palette): the baselines in earth tones, SD in blues,
+# SSD in orange and green. A variant ("ar:batch_size=8", "ssd-pipeline:backup=fast") takes its method's hue, in a
+# shade of its own where several variants of one method share a figure.
+METHOD_COLOURS = {"ar": 7, "hf-ar": 5, "sd": 0, "sd-1core": 9, "hf-sd": 4, "ssd": 1, "ssd-pipeline": 2}
+
+# The timeline's phases (ssd.trace.Span) and their colours; a drafted round's draft_s is the draft model's steps in
+# SD, the lookup (a hit) or the backup (a miss) in SSD.
+PHASE_COLOURS = {"prompts' pass": "#bdbdbd", "verify": "#3b75af", "wait": "#ececec", "draft steps": "#ef8636",
+                 "pre-speculation": "#8e6cc0", "lookup": "#55a868", "backup (jit)": "#c44e52",
+                 "backup (fast)": "#e3a0a3"}
 
 # Token roles (ssd.verify.ROLES) and their colours (backgrounds, light enough to read black text on).
 ROLE_COLOURS = {"accepted": "#b7e4b0", "recovered": "#ffcc80", "bonus": "#a8d1f5", "target": None}
@@ -71,6 +83,21 @@ def _fmt(value) -> str:
 
 def colours(n: int) -> list:
     return sns.color_palette(PALETTE, max(n, 1))
+
+
+def method_colours(methods) -> dict[str, tuple]:
+    """The colour of each method name (or variant) in `methods`: its method's, from METHOD_COLOURS; the second and
+    later variants of one method darker by turns. A method the kit does not name takes a colour left over."""
+    palette = sns.color_palette(PALETTE, 10)
+    spare = itertools.cycle([c for i, c in enumerate(palette) if i not in METHOD_COLOURS.values()])
+    hues, shades, out = {}, {}, {}
+    for name in dict.fromkeys(str(m) for m in methods):
+        base = name.split(":")[0]
+        if base not in hues:
+            hues[base] = palette[METHOD_COLOURS[base]] if base in METHOD_COLOURS else next(spare)
+        n = shades[base] = shades.get(base, -1) + 1
+        out[name] = tuple(float(c) * (1 - 0.22 * (n % 4)) for c in hues[base])
+    return out
 
 
 def _check(frame: pd.DataFrame, columns, name: str, allow_empty: bool = False) -> pd.DataFrame:
@@ -139,8 +166,16 @@ def _dodge(ax, x, i: int, n: int, share: float = 0.08):
     return scale.inverted().transform(shifted.reshape(-1, 1)).ravel()
 
 
+def _yerr(s: pd.DataFrame, suffix: str = "") -> np.ndarray:
+    """Error-bar half-widths [2, groups] of summarise() rows; NaN where a group has no interval (fewer than
+    MIN_CI_N prompts), which draws nothing there rather than a cap of zero length."""
+    err = s[[f"err_low{suffix}", f"err_high{suffix}"]].to_numpy(float).T.copy()
+    err[:, ~(s[f"n{suffix}"].to_numpy(float) >= MIN_CI_N)] = np.nan
+    return err
+
+
 def _errorbar(ax, x, s: pd.DataFrame, *, label: str, colour, fmt="o-", **kw):
-    yerr = np.vstack([s["err_low"].to_numpy(float), s["err_high"].to_numpy(float)])
+    yerr = _yerr(s)
     return ax.errorbar(np.asarray(x, dtype=float), s["mean"].to_numpy(float), yerr=yerr, fmt=fmt, capsize=4,
                        color=colour, label=label, **kw)
 
@@ -371,10 +406,10 @@ def saguaro_pareto(frame: pd.DataFrame):
     with _styled():
         fig, ax = plt.subplots()
         pal = colours(len(s) + 1)
+        xerr, yerr = _yerr(s, "_a"), _yerr(s, "_h")
         for i, row in s.iterrows():
-            ax.errorbar(row["mean_a"], row["mean_h"], xerr=[[row["err_low_a"]], [row["err_high_a"]]],
-                        yerr=[[row["err_low_h"]], [row["err_high_h"]]], fmt="o", capsize=4, color=pal[i],
-                        label=f"C = {_fmt(row['saguaro_c'])}")
+            ax.errorbar(row["mean_a"], row["mean_h"], xerr=xerr[:, i : i + 1], yerr=yerr[:, i : i + 1], fmt="o",
+                        capsize=4, color=pal[i], label=f"C = {_fmt(row['saguaro_c'])}")
         ax.plot(s.loc[front, "mean_a"], s.loc[front, "mean_h"], "-", color="0.4", lw=1.5, label="Pareto front")
         ax.set_xlim(*_rate_limits(s["mean_a"] - s["err_low_a"], s["mean_a"] + s["err_high_a"]))
         ax.set_ylim(*_rate_limits(s["mean_h"] - s["err_low_h"], s["mean_h"] + s["err_high_h"]))
@@ -389,9 +424,9 @@ def _rate_limits(low, high, pad: float = 0.05) -> tuple[float, float]:
 
 
 def wall_clock(frame: pd.DataFrame):
-    """Tokens per second per method (bars, mean ± CI, in the frame's method order); a marker per method for the
-    optional column predicted_tokens_per_s (Theorem 7's prediction) where present. Columns method, prompt_id,
-    tokens_per_s."""
+    """Tokens per second per method (bars in each method's colour, mean ± CI, in the frame's method order; the
+    title says what the intervals are); a marker per method for the optional column predicted_tokens_per_s
+    (Theorem 7's prediction) where present, with a legend for it. Columns method, prompt_id, tokens_per_s."""
     _check(frame, ["method", "prompt_id", "tokens_per_s"], "wall_clock")
     methods = [str(m) for m in _order(frame["method"])]
     frame = frame.assign(method=frame["method"].astype(str))
@@ -399,9 +434,8 @@ def wall_clock(frame: pd.DataFrame):
     x = np.arange(len(methods))
     with _styled():
         fig, ax = plt.subplots()
-        pal = colours(len(methods) + 1)
-        ax.bar(x, s["mean"].to_numpy(float), yerr=s[["err_low", "err_high"]].to_numpy(float).T, capsize=5,
-               color=pal[: len(methods)], alpha=0.9, label=ci_label(s))
+        pal = method_colours(methods)
+        ax.bar(x, s["mean"].to_numpy(float), yerr=_yerr(s), capsize=5, color=[pal[m] for m in methods], alpha=0.9)
         if "predicted_tokens_per_s" in frame.columns:
             pred = frame["predicted_tokens_per_s"].astype(float).groupby(frame["method"], sort=False).mean()
             pred = pred.reindex(methods)
@@ -411,8 +445,10 @@ def wall_clock(frame: pd.DataFrame):
                         label="predicted (Theorem 7)")
         ax.set_xticks(x)
         ax.set_xticklabels(methods)
-        ax.set(xlabel="method", ylabel="tokens / s", title="Wall clock: tokens per second")
-        _legend_outside(ax)
+        ax.set(xlabel="method", ylabel="tokens / s")
+        ax.set_title(f"Wall clock: tokens per second\n({ci_label(s)})", fontsize="medium")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize="small")
     return fig
 
 
@@ -428,12 +464,12 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
     width = 0.8 / len(methods)
     with _styled():
         fig, ax = plt.subplots()
-        pal = colours(len(methods))
+        pal = method_colours(methods)
         for i, method in enumerate(methods):
             m = s.reindex(pd.MultiIndex.from_product([groups, [method]]))
             x = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
-            ax.bar(x, m["mean"].to_numpy(float), width=width * 0.95, color=pal[i], alpha=0.9, label=method,
-                   yerr=m[["err_low", "err_high"]].to_numpy(float).T, capsize=4)
+            ax.bar(x, m["mean"].to_numpy(float), width=width * 0.95, color=pal[method], alpha=0.9, label=method,
+                   yerr=_yerr(m), capsize=4)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{baseline} (= 1)")
         ax.set_xticks(np.arange(len(groups)))
         ax.set_xticklabels(groups)
@@ -552,7 +588,7 @@ def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""
         ax.plot(predicted["k"], predicted["tokens_per_s"], "-", color="grey", label="predicted (profile, a measured)")
         ax.plot([best["k"]], [best["tokens_per_s"]], "s", color="grey", markersize=9, fillstyle="none",
                 label=f"predicted best: K {int(best['k'])}")
-        ax.plot(fixed["k"], fixed["decode_tokens_per_s"], "o", color=colours(1)[0], markersize=8,
+        ax.plot(fixed["k"], fixed["decode_tokens_per_s"], "o", color=method_colours(["sd"])["sd"], markersize=8,
                 label="measured, fixed K")
         for row in auto.itertuples():
             ax.plot([row.mean_k], [row.decode_tokens_per_s], "*", color="black", markersize=14,
@@ -588,5 +624,78 @@ def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: s
             ax.invert_yaxis()
         if title:
             fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
+# --- the timeline (notebook 05) ------------------------------------------------------------------------------------
+
+LANE_NAMES = {"ssd-pipeline": {"target": "verifier (rank 0)", "draft": "drafter (rank 1)"}}
+
+
+def timeline_spans(traces) -> pd.DataFrame:
+    """The spans frame `timeline` draws: a frame already (Trace.spans_frame()'s columns), a Trace, or a list of
+    Traces (one call each)."""
+    if isinstance(traces, pd.DataFrame):
+        return traces
+    traces = [traces] if hasattr(traces, "spans_frame") else list(traces)
+    return pd.concat([t.spans_frame() for t in traces], ignore_index=True)
+
+
+def _phase_name(phase: str, hit, backup) -> str:
+    """What a span is called (and coloured) on the timeline."""
+    if phase == "draft_s":
+        if isinstance(backup, str):
+            return f"backup ({backup})"
+        return "draft steps" if hit is None or pd.isna(hit) else "lookup"
+    return {"prefill_s": "prompts' pass", "verify_s": "verify", "wait_s": "wait",
+            "prespec_s": "pre-speculation"}.get(phase, phase)
+
+
+def timeline(traces, rounds: int | None = None, title: str = ""):
+    """Generate calls on one time axis (seconds since each call began): one lane per model of each method (the
+    pipeline's: per rank), its timed blocks as bars coloured by phase (PHASE_COLOURS): the prompts' pass, the
+    target's verify passes and the verifier's waits; the draft's steps (SD), or the drafter's pre-speculation and,
+    after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass is marked above
+    with its hit (a green tick) or miss (a red cross). rounds: draw only the prompts' pass and the first `rounds`
+    rounds. traces: a Trace, a list of them (one call per method), or a frame of spans (Trace.spans_frame(), several
+    methods' concatenated; ssd.bench.run_bench's "spans" for one prompt)."""
+    frame = _check(timeline_spans(traces), ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"],
+                   "timeline")
+    if rounds is not None:
+        if rounds < 1:
+            raise ValueError(f"rounds must be at least 1 (or None for every round), got {rounds}")
+        frame = frame[frame["round"].isna() | (frame["round"] < rounds)]
+    methods = [str(m) for m in _order(frame["method"])]
+    lanes = [(m, lane) for m in methods for lane in ("draft", "target") if ((frame["method"] == m)
+                                                                            & (frame["lane"] == lane)).any()]
+    with _styled():
+        fig, ax = plt.subplots(figsize=(12.0, 0.55 * len(lanes) + 1.6))
+        for y, (method, lane) in enumerate(reversed(lanes)):
+            spans = frame[(frame["method"] == method) & (frame["lane"] == lane)]
+            for s in spans.itertuples():
+                name = _phase_name(s.phase, s.hit, s.backup)
+                ax.broken_barh([(s.start_s, s.end_s - s.start_s)], (y - 0.38, 0.76), facecolors=PHASE_COLOURS.get(
+                    name, "black"), edgecolor="white", linewidth=0.5)
+                if s.phase == "verify_s" and isinstance(s.hit, (bool, np.bool_)):
+                    ax.plot(s.end_s, y + 0.5, "^" if s.hit else "x", color="#2a9d3f" if s.hit else "#c44e52",
+                            markersize=7, markeredgewidth=2)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([f"{m}: {LANE_NAMES.get(m, {}).get(lane, lane)}" for m, lane in reversed(lanes)])
+        ax.set_ylim(-0.6, len(lanes) - 0.2)
+        ax.set_xlim(left=0)
+        ax.set(xlabel="seconds since the call began")
+        ax.grid(axis="y", visible=False)
+        shown = {_phase_name(p, h, b) for p, h, b in zip(frame["phase"], frame["hit"], frame["backup"])}
+        handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="0.6", linewidth=0.5, label=name)
+                   for name, c in PHASE_COLOURS.items() if name in shown]
+        marked = frame[frame["phase"].eq("verify_s")]["hit"]
+        if marked.isin([True]).any():
+            handles.append(plt.Line2D([], [], marker="^", color="#2a9d3f", linestyle="", label="hit"))
+        if marked.isin([False]).any():
+            handles.append(plt.Line2D([], [], marker="x", color="#c44e52", linestyle="", markeredgewidth=2,
+                                      label="miss"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        ax.set_title(title or "Timeline: who works when", fontsize="medium")
         fig.tight_layout()
     return fig

@@ -1,6 +1,6 @@
 """A model's precision: what the CPU supports, converting a model, and the ``auto`` choice.
 
-Precision decides the regime speculation runs in (../README.md, "The regime"). On a CPU a float32 pass over K + 1
+Precision decides the regime speculation runs in (docs/precision.md, "The regime"). On a CPU a float32 pass over K + 1
 tokens costs two or more one-token steps; in bfloat16, on a CPU with native bfloat16 dot products (avx512_bf16,
 AMX), it costs about 1.2 steps (with float32 logits), near a GPU's one; an int8 draft costs a fraction of the
 target's step. Both ratios decide
@@ -19,7 +19,7 @@ decision, its timings and its reason are kept in the user cache and recorded in 
 int8 is torch's dynamic quantization of the linear layers (weights int8, activations quantized per call), CPU only.
 torch 2.13 says that API moves to torchao; torchao 0.18's maintained path was measured on this project's CPUs and
 not used: eager ``Int8DynamicActivationInt8WeightConfig`` drafts at 137-150 ms a token against torch.ao's 63-70 ms
-(0.5B draft, one thread), and under torch.compile it returned wrong tokens (README, "Precision").
+(0.5B draft, one thread), and under torch.compile it returned wrong tokens (docs/precision.md).
 """
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ class FloatLogits(torch.nn.Module):
     In bfloat16 the logits of this pair's likeliest tokens (16 to 32) sit on a grid 0.125 apart, so near-ties become
     exact ties broken by token id, and a verify pass over K + 1 tokens breaks them differently from AR's one-token
     pass: with a bfloat16 head 4 of 32 HumanEval prompts left AR's greedy output (every time at a margin of 0 or one
-    grid step), with this one none of 32 did (README, wall-clock findings). It costs reading the head's weights in
+    grid step), with this one none of 32 did (docs/findings.md, wall clock). It costs reading the head's weights in
     float32 (0.93 GB instead of 0.47 for the 1.5B target's untied head).
     """
 

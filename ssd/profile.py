@@ -335,9 +335,9 @@ def stored_name(profile: Profile) -> str:
 
 
 def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:
-    """The two ratios that decide what SD can gain (README, "The regime"): v, a verify pass over K + 1 tokens in
-    one-token steps, and c, a draft step over a target step; and SD's speed-up E / (c K + v) they give at acceptance
-    a. Also the one-token step beside its memory floor."""
+    """The two ratios that decide what SD can gain (docs/precision.md, "The regime"): v, a verify pass over K + 1
+    tokens in one-token steps, and c, a draft step over a target step; and SD's speed-up E / (c K + v) they give at
+    acceptance a. Also the one-token step beside its memory floor."""
     step, draft = profile.target_ms[min(profile.target_ms)], profile.draft_ms[min(profile.draft_ms)]
     v, c = profile.target_at(k + 1) / step, draft / step
     return {"target": profile.precisions["target"], "draft": profile.precisions["draft"], "step_ms": step,

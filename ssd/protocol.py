@@ -15,9 +15,15 @@ Both loops are ``ssd.ssd``'s: the drafter drives a Speculator (propose, prespecu
 Verifier, over the same batch of rows (b = 1: one); only the messages between them are new. No random numbers cross:
 the verifier sends its generator's state with the Start message and both ranks draw from it in generate_ssd's
 pattern, each using its share (the drafter the draft uniforms, the verifier the verify uniforms).
+
+Clocks: each Report carries when the drafter's blocks ran, so the verifier's trace holds both ranks' spans on one
+time axis (``ssd.plots.timeline``). On one host both ranks read the same monotonic clock; across hosts the drafter's
+clock is put on the verifier's by the offset estimated from the first exchange (``clock_offset``, NTP's rule), good
+to about half the difference between the two directions' transit times.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +32,7 @@ from .decoding import Verifier
 from .proposers import Draft
 from .sampling import one_hot, uniforms
 from .ssd import Lookup, SSDConfig, Speculator, backup_used, round_uniforms
-from .trace import PipelineRound, Stopwatch, Trace
+from .trace import PipelineRound, Span, Stopwatch, Trace
 from .transport import Channel
 from .verify import Verdict
 
@@ -56,6 +62,7 @@ class Start:
     rooms: list[int]  # per row: the most tokens its first round may draft (max_new_tokens - 1)
     vocab_size: int
     timeout_s: float
+    sent_s: float  # the verifier's clock (time.perf_counter) as it sent this
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class Report:
     hit: bool
     rank: int | None
     backup: str | None  # the backup that drafted the row's next round after a miss
+    spans: tuple[Span, ...] = ()  # when the drafter pre-speculated and drafted, on its own clock
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,8 @@ class DraftMessage:
     """Rank 1 -> 0: a round's drafts, by row (their q rows travel beside, stacked in row order, at temperature > 0),
     with the reports of the round before (None for the first). first_drawn (first message only): the sizes of the
     first drafts' uniform draws, row by row; drawn: by row, the K of the next round's draft uniforms the drafter drew
-    (with k="auto" only the drafter's tuners know them), which the verifier skips in the shared stream."""
+    (with k="auto" only the drafter's tuners know them), which the verifier skips in the shared stream. clock (first
+    message only): the drafter's clock when the Start arrived and when this left, for clock_offset."""
 
     tokens: dict[int, list[int]]
     first_drawn: tuple[int, ...]
@@ -84,6 +93,7 @@ class DraftMessage:
     a_p: dict[int, float]
     r: dict[int, float]
     previous: dict[int, Report] | None
+    clock: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,12 +127,12 @@ def serve(channel: Channel, draft_model) -> None:
         start, _ = channel.recv(Start, Stop, timeout_s=None, doing="waiting for the next generate call")
         if isinstance(start, Stop):
             return
-        speculate(channel, draft_model, start)
+        speculate(channel, draft_model, start, time.perf_counter())
 
 
-def speculate(channel: Channel, draft_model, start: Start) -> None:
+def speculate(channel: Channel, draft_model, start: Start, received_s: float) -> None:
     """Rank 1's side of one generate call: ssd.ssd's Speculator over the batch, driven by messages instead of
-    calls."""
+    calls. received_s: this rank's clock when the Start arrived."""
     config, timeout_s = start.config, start.timeout_s
     generator = torch.Generator()
     generator.set_state(start.generator_state)
@@ -133,7 +143,7 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
     live = list(range(len(start.prompts)))
     first = tuple(speculator.k(row) for row in live)
     drafts = speculator.propose(dict(enumerate(start.rooms)), {row: uniforms(first[row], generator) for row in live})
-    watch, previous, i = Stopwatch(), None, 0
+    watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
     while True:
         k_next = {row: speculator.k(row) for row in live}
         # the verify uniforms are rank 0's share of each row's pair
@@ -142,7 +152,8 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
         q = torch.cat([drafts[row].q for row in live]) if config.temperature > 0 else None  # T = 0: one-hot
         message = DraftMessage({row: drafts[row].tokens for row in live}, first if i == 0 else (), k_next,
                                {row: drafts[row].fan_out for row in live}, {row: e[0] for row, e in estimates.items()},
-                               {row: e[1] for row, e in estimates.items()}, previous)
+                               {row: e[1] for row, e in estimates.items()}, previous,
+                               (received_s, time.perf_counter()) if i == 0 else ())
         channel.send(message, q, timeout_s=timeout_s, doing=f"sending the drafts of round {i}")
         with watch("prespec_s"):
             speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's drafts
@@ -153,8 +164,8 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
             going = [row for row in live if not outcome.done[row]]
             following = speculator.propose({row: outcome.rooms[row] for row in going},
                                            {row: u_draft[row] for row in going})
-        seconds = watch.take()
-        previous = {row: report(speculator.last_lookup(row), following.get(row), **seconds) for row in live}
+        spans, seconds = watch.spans_of(i), watch.take()
+        previous = {row: report(speculator.last_lookup(row), following.get(row), spans, **seconds) for row in live}
         for row in live:
             if outcome.done[row]:
                 speculator.retire(row)
@@ -164,23 +175,33 @@ def speculate(channel: Channel, draft_model, start: Start) -> None:
         drafts, live, i = following, going, i + 1
 
 
-def report(lookup: Lookup, following: Draft | None, *, prespec_s: float, draft_s: float) -> Report:
+def report(lookup: Lookup, following: Draft | None, spans: tuple[Span, ...], *, prespec_s: float, draft_s: float
+           ) -> Report:
     return Report(prespec_s=prespec_s, draft_s=draft_s, hit=lookup.hit, rank=lookup.rank,
-                  backup=backup_used(following))
+                  backup=backup_used(following), spans=spans)
+
+
+def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s: float) -> float:
+    """The drafter's clock minus the verifier's, from one exchange (NTP's estimate): the Start left the verifier at
+    sent_s and reached the drafter at received_s; the first drafts left at replied_s and arrived at answered_s. Exact
+    when the two transits take equal times; off by half their difference otherwise."""
+    return ((received_s - sent_s) + (replied_s - answered_s)) / 2
 
 
 # ---- rank 0: the verifier ------------------------------------------------------------------------------------------
 
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
-                  vocab_size: int, timeout_s: float, traces: list[Trace]) -> None:
+                  vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool) -> None:
     """Rank 0's side of one generate call, the prompts already in the target's cache: start the drafter, then verify
-    the drafts it sends until every row is done, recording each row's rounds in its trace."""
+    the drafts it sends until every row is done, recording each row's rounds in its trace and both ranks' spans in
+    the call's stopwatch (same_host: the drafter reads this host's clock)."""
     start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
-                  vocab_size, timeout_s)
+                  vocab_size, timeout_s, time.perf_counter())
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
-    watch, i = Stopwatch(), 0
+    offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())
+    i = 0
     while verifier.live:
         live = list(verifier.live)
         for n in message.first_drawn:  # the draft uniforms: rank 1's share of the stream
@@ -200,6 +221,7 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
             answer, q = channel.recv(LastReports if last else DraftMessage, timeout_s=timeout_s, doing=doing)
         seconds = watch.take()
         spec = answer.previous  # what the drafter did while and after this round was verified
+        watch.add(spec[live[0]].spans, offset_s, i)  # the batch's: every row's report holds the same
         all_hit = all(spec[row].hit for row in live)
         for row in live:
             v, fan_out = checked[row].verdict, message.fan_out[row]

@@ -10,7 +10,8 @@ atomically (ssd.files.write_csv), at least one row. The sweep then adds a `point
 parameter (a column the notebook already wrote under a parameter's name is kept as the notebook wrote it) and
 appends the rows to `<data-dir>/<name>.csv`. All values travel as the text the notebook wrote. A notebook whose
 parameters cell also defines `figures_dir` gets `<runs-dir>/<name>/<point_id>_figures/`, so that the points' figures
-sit beside their notebooks instead of overwriting the notebook's default figures (the README's) in `figures/`.
+sit beside their notebooks instead of overwriting the notebook's default figures (those docs/findings.md shows) in
+`figures/`.
 
 Exactly once: the points done are the point_ids in `<data-dir>/<name>.csv`, and only the parent process appends to
 it, one point at a time, by rewriting the whole file under a temporary name and renaming it. A sweep killed at any

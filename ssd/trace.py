@@ -1,4 +1,8 @@
-"""The per-round record every decoding method returns, its pandas DataFrame, and the stopwatch that times it."""
+"""The per-round record every decoding method returns, its pandas DataFrame, and the stopwatch that times it.
+
+The stopwatch also keeps when each timed block ran (a Span: seconds since the call began), so a call can be drawn
+as a timeline (``ssd.plots.timeline``): the draft's steps and the target's passes taking turns in SD, the
+pipeline's drafter pre-speculating while its verifier verifies."""
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +58,24 @@ class PipelineRound(SSDRound):
     wait_s: float = 0.0
 
 
+# The lane of a timeline each phase runs in: the target's (the pipeline's verifier, rank 0) or the draft's (its
+# drafter, rank 1). The prompts' pass of a one-process method feeds both models; it is drawn on the target's lane.
+LANES = {"prefill_s": "target", "verify_s": "target", "wait_s": "target", "draft_s": "draft", "prespec_s": "draft"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One timed block of a generate call: a phase (a Round's time field, or "prefill_s" for the prompts' pass) of
+    a round (None: before the first), from start_s to end_s in seconds since the call began, on this host's
+    monotonic clock (time.perf_counter: one clock for every process of a host, so both ranks of a local pipeline
+    share it)."""
+
+    round: int | None
+    phase: str
+    start_s: float
+    end_s: float
+
+
 @dataclass
 class Trace:
     """Everything one generate call measured; the bench and the notebooks read only this."""
@@ -66,6 +88,7 @@ class Trace:
     # The sequences decoded together with this one (1: alone). A batch's rows share every forward, so each row's
     # wall_s, prefill_s and phase times are the batch's; tokens/s over a batch is its rows' tokens over one wall_s.
     batch_size: int = 1
+    spans: list[Span] = field(default_factory=list)  # when each timed block ran (a batch's rows share them)
 
     @property
     def decode_s(self) -> float | None:
@@ -107,6 +130,20 @@ class Trace:
         kind = type(self.rounds[0]) if self.rounds else Round
         return pd.DataFrame(rows, columns=["method", "round", *kind.__dataclass_fields__])
 
+    def spans_frame(self) -> pd.DataFrame:
+        """One row per timed block, for a timeline: method, round, phase, lane (target | draft), start_s, end_s, and
+        the round's hit and backup where it has them (SSD)."""
+        rounds = self.rounds
+        rows = [{"method": self.method, "round": s.round, "phase": s.phase, "lane": LANES.get(s.phase, "target"),
+                 "start_s": s.start_s, "end_s": s.end_s,
+                 "hit": _of(rounds, s.round, "hit"), "backup": _of(rounds, s.round, "backup")} for s in self.spans]
+        return pd.DataFrame(rows, columns=["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"])
+
+
+def _of(rounds: list[Round], i: int | None, name: str):
+    """Round i's field `name`, or None (the prompts' pass, a round past the end, a method without the field)."""
+    return getattr(rounds[i], name, None) if i is not None and 0 <= i < len(rounds) else None
+
 
 def token_roles(rounds) -> list[str]:
     """The role of each new token, round by round: "accepted", or the target's token's role (``ssd.verify.ROLES``).
@@ -137,32 +174,64 @@ class Stopwatch:
         with watch("verify_s"):
             ...
         trace.rounds.append(Round(..., **watch.take()))   # the phases timed since the last take, by name
-    """
 
-    def __init__(self):
+    Each timed block is also kept as a Span of the round in progress (take() ends a round), in seconds since
+    `origin` (whole() sets it when the call begins; origin=0.0 keeps the clock's own readings, for a rank that
+    sends its spans to another)."""
+
+    def __init__(self, origin: float | None = None):
         self.seconds: dict[str, float] = {}
+        self.spans: list[Span] = []
+        self.origin = time.perf_counter() if origin is None else origin
+        self.round: int | None = 0
 
     def __call__(self, phase: str):
-        """Add the time of the block to `phase`."""
-        return _timed(lambda seconds: self.seconds.__setitem__(phase, self.seconds.get(phase, 0.0) + seconds))
+        """Add the time of the block to `phase`, and keep when it ran."""
+        return _timed(lambda start, end: self._record(phase, start, end))
+
+    def _record(self, phase: str, start: float, end: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + (end - start)
+        self.spans.append(Span(self.round, phase, start - self.origin, end - self.origin))
 
     def take(self) -> dict[str, float]:
-        """The times since the last take, by phase, and start afresh."""
+        """The times since the last take, by phase, and start afresh: the next blocks belong to the next round."""
         taken, self.seconds = self.seconds, {}
+        self.round = (self.round or 0) + 1
         return taken
 
+    def spans_of(self, round_: int) -> tuple[Span, ...]:
+        return tuple(s for s in self.spans if s.round == round_)
+
+    def add(self, spans, offset_s: float, round_: int) -> None:
+        """Keep another rank's spans of round `round_` (timed with origin 0.0 on its clock), shifted onto this one:
+        offset_s is its clock minus this one (0 on one host; see ssd.protocol.clock_offset across hosts)."""
+        shift = offset_s + self.origin
+        self.spans += [Span(round_, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
+
     def whole(self, *traces: Trace):
-        """Time a whole generate call into each trace's wall_s (a batch's rows share it)."""
-        return _timed(lambda seconds: [setattr(trace, "wall_s", seconds) for trace in traces])
+        """Time a whole generate call into each trace's wall_s, and give each the call's spans (a batch's rows share
+        them); the call's clock starts here."""
+        self.origin, self.spans, self.round = time.perf_counter(), [], 0
+
+        def record(start: float, end: float) -> None:
+            for trace in traces:
+                trace.wall_s, trace.spans = end - start, list(self.spans)
+
+        return _timed(record)
 
     def prefill(self, traces, prompts, *models) -> None:
         """The prompts' pass of each model (``CachedModel.prefill``, one forward over the batch), timed apart from
-        the rounds: each trace's prefill_s. traces: a Trace or a batch's list; prompts: one prompt or a list."""
+        the rounds: each trace's prefill_s (and a span of round None). traces: a Trace or a batch's list; prompts:
+        one prompt or a list."""
         traces = [traces] if isinstance(traces, Trace) else traces
         prompts = [prompts] if prompts and isinstance(prompts[0], int) else prompts
-        with _timed(lambda seconds: [setattr(trace, "prefill_s", seconds) for trace in traces]):
+        self.round = None
+        with self("prefill_s"):
             for model in models:
                 model.prefill(dict(enumerate(prompts)))
+        seconds, self.round = self.seconds.pop("prefill_s"), 0
+        for trace in traces:
+            trace.prefill_s = seconds
 
 
 @contextlib.contextmanager
@@ -171,4 +240,5 @@ def _timed(record):
     try:
         yield
     finally:
-        record(time.perf_counter() - start)
+        record(start, time.perf_counter())
+

@@ -137,3 +137,22 @@ def test_bad_prompts_are_refused(pairs):
         run(generate_ar, pair, [1] * (pair.max_context - 10), max_new_tokens=64)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         run(generate_ar, pair, [1, pair.vocab_size])
+
+
+def test_a_trace_keeps_when_each_phase_ran(pairs):
+    """The spans of SD's call: the prompts' pass first, then each round's draft steps before its verify pass, one
+    after another on one clock; their lengths are the rounds' times; a batch's rows share them."""
+    _, traces = generate_sd(pairs[0.4], [[1, 2, 3], [4, 5]], DecodeConfig(k=3, max_new_tokens=12),
+                            torch.Generator().manual_seed(0))
+    first, second = traces
+    assert first.spans == second.spans
+    spans, longest = first.spans, max(traces, key=lambda t: len(t.rounds))
+    assert spans[0].phase == "prefill_s" and spans[0].round is None
+    assert [(s.round, s.phase) for s in spans[1:]] == [(i, p) for i in range(len(longest.rounds))
+                                                       for p in ("draft_s", "verify_s")]
+    ends = [x for s in spans for x in (s.start_s, s.end_s)]
+    assert ends == sorted(ends) and ends[0] >= 0 and ends[-1] <= first.wall_s
+    assert spans[0].end_s - spans[0].start_s == pytest.approx(first.prefill_s)
+    for r, (draft, verify) in zip(longest.rounds, zip(spans[1::2], spans[2::2])):
+        assert draft.end_s - draft.start_s == pytest.approx(r.draft_s)
+        assert verify.end_s - verify.start_s == pytest.approx(r.verify_s)

@@ -137,3 +137,20 @@ def test_mean_ci_gives_no_interval_from_fewer_than_3_and_keeps_rates_in_0_1():
     # The same numbers as a value that is not a rate: the t-interval as it is, past 1.
     unbounded = experiments.mean_ci(frame.rename(columns={"hit_rate": "speedup"}), "g", "speedup").set_index("g")
     assert unbounded.loc[1, "ci_high"] > 1.0
+
+
+def test_the_timeline_summary_tells_turns_from_overlap():
+    spans = pd.DataFrame(
+        [("sd", None, "prefill_s", "target", 0.0, 1.0), ("sd", 0, "draft_s", "draft", 1.0, 1.5),
+         ("sd", 0, "verify_s", "target", 1.5, 2.0), ("sd", 1, "draft_s", "draft", 2.0, 2.5),
+         ("sd", 1, "verify_s", "target", 2.5, 3.0),
+         ("pipe", 0, "verify_s", "target", 1.0, 1.5), ("pipe", 0, "wait_s", "target", 1.5, 2.0),
+         ("pipe", 0, "prespec_s", "draft", 1.0, 1.8), ("pipe", 0, "draft_s", "draft", 1.9, 2.0)],
+        columns=["method", "round", "phase", "lane", "start_s", "end_s"])
+    summary = experiments.timeline_summary(spans).set_index("method")
+    sd, pipe = summary.loc["sd"], summary.loc["pipe"]
+    assert sd["rounds"] == 2 and sd["decode_s"] == 2.0 and sd["verify_ms"] == 500 and sd["draft_ms"] == 500
+    assert sd["target_busy"] == 0.5 and sd["draft_busy"] == 0.5 and sd["both_busy"] == 0  # they take turns
+    assert pipe["wait_ms"] == 500 and pipe["prespec_ms"] == pytest.approx(800)
+    assert pipe["target_busy"] == 0.5 and pipe["draft_busy"] == pytest.approx(0.9)  # the wait is no work
+    assert pipe["both_busy"] == pytest.approx(0.5)  # pre-speculation under the whole verify pass

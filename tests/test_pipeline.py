@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -29,6 +30,7 @@ from ssd.models import Pair, load_pair, tiny_pair
 from ssd.pipeline import (Pipeline, PipelineConfig, PipelineError, close_pipelines, generate_ssd_pipeline,
                           parse_cores, pipeline_for)
 from ssd.ssd import SSDConfig, generate_ssd
+from ssd.protocol import clock_offset
 from ssd.theory import measured_theorem7
 
 CORES = [str(c) for c in sorted(os.sched_getaffinity(0))]
@@ -124,6 +126,23 @@ def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
     assert len(misses) and (misses.draft_s > 0).all()
     predicted = measured_theorem7(frame)
     assert 0 < predicted["p_hit"] < 1 and predicted["t_p"] > 0 and predicted["tokens_per_verify"] > 0
+    # Both ranks' spans on the verifier's clock: within the call, the drafter pre-speculating round i while the
+    # verifier verifies it, each round's lookup (or backup) after that round's verify pass.
+    spans = trace.spans_frame()
+    assert spans.start_s.min() >= 0 and spans.end_s.max() <= trace.wall_s and (spans.end_s >= spans.start_s).all()
+    by = spans.dropna(subset=["round"]).groupby(["round", "phase"]).agg(start=("start_s", "min"), end=("end_s", "max"))
+    for i in range(len(trace.rounds)):
+        verify, prespec, draft = (by.loc[(i, phase)] for phase in ("verify_s", "prespec_s", "draft_s"))
+        assert prespec.start < verify.end and verify.start < prespec.end
+        assert draft.start >= verify.end
+    assert np.isclose(spans[spans.phase == "verify_s"].eval("end_s - start_s").sum(), frame.verify_s.sum())
+    assert np.isclose(spans[spans.phase == "prespec_s"].eval("end_s - start_s").sum(), frame.prespec_s.sum())
+
+
+def test_the_clock_offset_of_one_exchange():
+    # The drafter's clock runs 100 s ahead; each transit takes 2 s: exact. Transits of 1 s and 3 s: off by 1 s.
+    assert clock_offset(sent_s=0.0, received_s=102.0, replied_s=110.0, answered_s=12.0) == 100.0
+    assert clock_offset(sent_s=0.0, received_s=101.0, replied_s=110.0, answered_s=13.0) == 99.0
 
 
 def test_the_drafter_loads_its_draft_at_the_pairs_precision():

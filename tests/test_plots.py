@@ -224,9 +224,39 @@ def test_wall_clock_order_and_prediction():
     assert len(errorbars(fig)) == 1
     (pred,) = [ln for ln in ax.get_lines() if "Theorem 7" in ln.get_label()]
     assert list(pred.get_xdata()) == [2] and list(pred.get_ydata()) == [27.0]
-    # Without predictions: bars only.
+    assert plots.CI_LABEL in ax.get_title()
+    # Without predictions: bars only, and no legend (it would say nothing the title does not).
     fig = plots.wall_clock(pd.DataFrame(rows).drop(columns="predicted_tokens_per_s"))
     assert not [ln for ln in fig.axes[0].get_lines() if "Theorem 7" in ln.get_label()]
+    assert fig.axes[0].get_legend() is None
+    # Two prompts: no interval, so no caps at all, and the title says so.
+    fig = plots.wall_clock(pd.DataFrame([r for r in rows if r["prompt_id"] != "p2"]))
+    (bar,) = errorbars(fig)
+    assert all(np.isnan(c.get_ydata().astype(float)).all() for c in bar.lines[1])
+    assert plots.NO_CI_LABEL in fig.axes[0].get_title()
+
+
+def test_a_method_keeps_its_colour_whatever_else_a_figure_holds():
+    rows = lambda methods: pd.DataFrame([{"method": m, "prompt_id": p, "tokens_per_s": 1.0}  # noqa: E731
+                                         for m in methods for p in PROMPTS])
+
+    def bar_colours(fig):
+        (bars,) = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)]
+        return [tuple(np.round(b.get_facecolor()[:3], 4)) for b in bars]
+
+    one = bar_colours(plots.wall_clock(rows(["ar", "sd", "ssd-pipeline"])))
+    other = bar_colours(plots.wall_clock(rows(["ssd-pipeline", "hf-ar", "sd"])))
+    assert one[1] == other[2] and one[2] == other[0]  # sd and the pipeline, wherever they stand
+    assert len(set(one + other)) == 4
+    colours = plots.method_colours(["ar", "ar:batch_size=8", "ar:batch_size=16", "sd", "mine", "ar"])
+    assert colours["ar"] == plots.method_colours(["ar"])["ar"]
+    assert len({colours[m] for m in ("ar", "ar:batch_size=8", "ar:batch_size=16")}) == 3  # variants: shades of it
+    assert colours["mine"] not in [plots.method_colours([m])[m] for m in plots.METHOD_COLOURS]
+    # The speed-ups figure (notebook 06) colours a method as the wall clock (notebook 05) does.
+    speed = pd.DataFrame([{"method": m, "prompt_id": p, "speedup": 1.0} for m in ("ssd-pipeline", "sd")
+                          for p in PROMPTS])
+    bars = [c for c in plots.speedups(speed, group=None).axes[0].containers if isinstance(c, BarContainer)]
+    assert tuple(np.round(bars[1][0].get_facecolor()[:3], 4)) == one[1]
 
 
 
@@ -346,10 +376,10 @@ def test_rate_intervals_stay_in_0_1_and_none_is_drawn_from_fewer_than_3_prompts(
     bottoms = np.min([c.get_ydata() for c in bar.lines[1]], axis=0)
     assert (tops <= 1.0).all() and (bottoms >= 0.0).all() and np.isclose(tops, 1.0).all()
     assert plots.RATE_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
-    # Two prompts: no interval, and the legend says why.
+    # Two prompts: no interval (not even a cap of zero length), and the legend says why.
     fig = plots.hit_rate_vs_budget(frame[frame.prompt_id != "p2"])
     (bar,) = errorbars(fig)
-    np.testing.assert_allclose(*[c.get_ydata() for c in bar.lines[1]])
+    assert all(np.isnan(c.get_ydata().astype(float)).all() for c in bar.lines[1])
     assert plots.NO_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
     # A speed-up is not a rate: its interval is not clipped.
     assert plots.ci_label(plots.summarise(frame, "budget", "hit_rate")) == plots.CI_LABEL
@@ -360,3 +390,42 @@ def test_miss_rate_fit_without_a_single_miss_still_draws(tmp_path):
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.texts] == ["no miss at any F: t* ranked first in all 20 rounds"]
     png_digest(fig, tmp_path)  # drawing used to fail: a log axis with nothing above 0
+
+
+# --- the timeline ---------------------------------------------------------------------------------------------------
+
+def spans(method, *blocks, hits=None, backups=None):
+    """A trace of `method` whose spans are (round, phase, start, end), with SSD rounds' hits and backups."""
+    from ssd.trace import SSDRound, Span
+
+    n = max(b[0] for b in blocks if b[0] is not None) + 1
+    rounds = [SSDRound(2, 1, 0, 2, 0.0, 0.0, hit=None if hits is None else hits[i],
+                       backup=None if backups is None else backups[i]) for i in range(n)]
+    return Trace(method, prompt_len=3, rounds=rounds, spans=[Span(*b) for b in blocks])
+
+
+def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
+    sd = spans("sd", (None, "prefill_s", 0.0, 1.0), (0, "draft_s", 1.0, 1.5), (0, "verify_s", 1.5, 2.0),
+               (1, "draft_s", 2.0, 2.5), (1, "verify_s", 2.5, 3.0))
+    pipe = spans("ssd-pipeline", (None, "prefill_s", 0.0, 1.0), (0, "verify_s", 1.2, 1.7), (0, "wait_s", 1.7, 2.0),
+                 (0, "prespec_s", 1.2, 1.9), (0, "draft_s", 1.9, 2.0), (1, "verify_s", 2.0, 2.5),
+                 (1, "wait_s", 2.5, 3.0), (1, "prespec_s", 2.0, 2.6), (1, "draft_s", 2.6, 3.0),
+                 hits=[True, False], backups=[None, "jit"])
+    fig = plots.timeline([sd, pipe])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "ssd-pipeline: verifier (rank 0)", "ssd-pipeline: drafter (rank 1)", "sd: target", "sd: draft"]
+    assert len(ax.collections) == 14  # one bar per span
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["prompts' pass", "verify", "wait", "draft steps", "pre-speculation", "lookup", "backup (jit)",
+                      "hit", "miss"]
+    marks = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
+    assert [(ln.get_xdata()[0], ln.get_marker()) for ln in marks] == [(1.7, "^"), (2.5, "x")]  # each verify's end
+    png_digest(fig, tmp_path)
+    # The first round only; a frame of spans draws as its traces do.
+    fig = plots.timeline(pd.concat([sd.spans_frame(), pipe.spans_frame()]), rounds=1)
+    assert len(fig.axes[0].collections) == 8 and fig.axes[0].get_xlim()[1] < 2.5
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        plots.timeline(sd, rounds=0)
+    with pytest.raises(ValueError, match="missing"):
+        plots.timeline(sd.spans_frame().drop(columns="lane"))
