@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -30,7 +31,7 @@ from .precision import capability, device_name, kind_line, kind_of, machine_kind
 from .methods import parse_variant, resolve
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
-from .trace import Trace
+from .trace import ForwardClock, Trace
 from .tuning import on_auto
 
 # Each of ours next to the transformers peer that does the same job.
@@ -55,10 +56,23 @@ def run_batch(method: str, pair, contexts: list[list[int]], config: DecodeConfig
     """
     generate, config = resolve(method, config)
     generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
-    answers, traces = generate(pair, contexts, config, generator)
-    wall = time.perf_counter() - start
-    return [(tokens, _row(method, tokens, trace, wall, len(contexts)), trace) for tokens, trace in zip(answers, traces)]
+    with ForwardClock(target=pair.target, draft=pair.draft) as clock:
+        start = time.perf_counter()
+        answers, traces = generate(pair, contexts, config, generator)
+        wall = time.perf_counter() - start
+    forwards = _forwards(clock, wall)
+    return [(tokens, _row(method, tokens, trace, wall, len(contexts)) | forwards, trace)
+            for tokens, trace in zip(answers, traces)]
+
+
+def _forwards(clock: ForwardClock, wall: float) -> dict:
+    """Where a call's time went (the batch's, like wall_s): each model's forwards, their count, the target's first
+    (the prompt's pass, fused or not), and the rest (sampling, verification, bookkeeping; for the pipeline, also the
+    waits for the drafter, whose forwards run in its own process)."""
+    return {"target_forwards": clock.calls["target"], "target_forward_s": clock.seconds["target"],
+            "first_target_forward_s": clock.first_s["target"], "draft_forwards": clock.calls["draft"],
+            "draft_forward_s": clock.seconds["draft"],
+            "outside_forwards_s": wall - clock.seconds["target"] - clock.seconds["draft"]}
 
 
 def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> dict:
@@ -72,9 +86,11 @@ def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> d
         "wall_s": wall,
         "tokens_per_s": len(tokens) * b / wall,
         "sequence_tokens_per_s": len(tokens) / wall,
-        # The paper's measure: tokens over the time after the prompt's pass (None where a peer does not say).
+        # The paper's measure: tokens over the time after the prompt's pass (fused with the first round: after that
+        # round, whose tokens are then the prompt's), for the peers as for ours.
         "prefill_s": trace.prefill_s,
-        "decode_tokens_per_s": len(tokens) * b / trace.decode_s if trace.decode_s else None,
+        "prefill_tokens": trace.prefill_tokens,
+        "decode_tokens_per_s": (len(tokens) - trace.prefill_tokens) * b / trace.decode_s if trace.decode_s else None,
         "drafted": trace.drafted,
         "accepted": sum(r.accepted for r in trace.rounds),
         "rounds": len(trace.rounds),
@@ -107,9 +123,11 @@ def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeC
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
               profile=None, checkpoint: str | None = None) -> dict:
-    """Returns {"rows": [...], "summary": [...], "categories": [...], "spans": [...]}: one row per (method, generated
-    answer), one summary row per method, the per-category report (by_category), and the timed blocks of every answer
-    decoded by this call (Trace.spans_frame's rows with the answer's prompt_id; for ssd.plots.timeline).
+    """Returns {"rows": [...], "summary": [...], "categories": [...], "peers": [...], "breakdown": [...],
+    "spans": [...]}: one row per (method, generated answer), one summary row per method, the per-category report
+    (by_category), ours against the transformers peers (against_peers), where each method's time went
+    (time_breakdown), and the timed blocks of every answer decoded by this call (Trace.spans_frame's rows with the
+    answer's prompt_id; for ssd.plots.timeline).
 
     A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
@@ -161,7 +179,8 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     bar.close()
     frame = pd.DataFrame(rows)
     summary = summarize(frame, pd.concat(rounds) if rounds else None, profile, config)
-    return {"rows": rows, "summary": summary, "categories": by_category(frame), "spans": spans}
+    return {"rows": rows, "summary": summary, "categories": by_category(frame), "peers": against_peers(frame),
+            "breakdown": time_breakdown(frame).to_dict("records"), "spans": spans}
 
 
 def _say_ragged_end(n: int, size: int) -> None:
@@ -331,6 +350,59 @@ def by_category(rows: pd.DataFrame) -> list[dict]:
     return [{k: None if isinstance(v, float) and pd.isna(v) else v for k, v in r.items()} for r in records]
 
 
+def against_peers(rows: pd.DataFrame) -> list[dict]:
+    """Each of ours over its transformers peer (PEERS) on the same answers, whole call and decode-only: the geometric
+    mean over answers of the ratio, with the 95% Student-t interval of the mean log ratio, exponentiated (none from
+    fewer than MIN_CI_N answers). One record per (method, measure) whose peer ran."""
+    out = []
+    for method, peer in PEERS.items():
+        for value in ("tokens_per_s", "decode_tokens_per_s"):
+            if value not in rows or not {method, peer} <= set(rows["method"]):
+                continue
+            ratios = speedups(rows[rows["method"].isin([method, peer])].astype({value: float}), peer, value=value)
+            logs = ratios.assign(log=np.log(ratios["speedup"])).dropna(subset=["log"])
+            if logs.empty:
+                continue
+            ci = mean_ci(logs, "method", "log").iloc[0]
+            out.append({"method": method, "peer": peer, "measure": value, "answers": int(ci["n"]),
+                        "geometric_mean": float(np.exp(ci["mean"])),
+                        "ci": None if pd.isna(ci["ci_low"]) else [float(np.exp(ci["ci_low"])),
+                                                                  float(np.exp(ci["ci_high"]))]})
+    return out
+
+
+def peers_table(records: list[dict]) -> str:
+    if not records:
+        return ""
+    lines = [f"  {r['method']} / {r['peer']}, {r['measure']}: {_mean_and_ci(r['geometric_mean'], r['ci'], 3)} "
+             f"({r['answers']} answers)" for r in records]
+    return "against the peers: geometric mean over answers [95% CI]\n" + "\n".join(lines)
+
+
+BREAKDOWN = {"wall_s": "wall", "prefill_s": "to first tokens", "first_target_forward_s": "prompt pass",
+             "target_forward_s": "target forwards", "draft_forward_s": "draft forwards",
+             "outside_forwards_s": "outside forwards"}
+
+
+def time_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
+    """Where each method's time went, per answer (a batch's call time over its b rows): the whole call, the time to
+    the first tokens (prefill_s: the prompt's pass, fused or apart), the target's first forward (the prompt's pass,
+    or with it the first verification where fused), every target and draft forward, and the rest; with the forward
+    counts, and the time outside the forwards per target forward (host work per round)."""
+    out = []
+    for method, g in rows.groupby("method", sort=False):
+        b = _batch_sizes(g)
+        row = {"method": method, "answers": len(g)}
+        for column, name in BREAKDOWN.items():
+            row[f"{name} s"] = float((g[column] / b).mean()) if column in g and g[column].notna().all() else None
+        for model in ("target", "draft"):
+            row[f"{model} forwards"] = float((g[f"{model}_forwards"] / b).mean()) if f"{model}_forwards" in g else None
+        per_forward = g["outside_forwards_s"] / g["target_forwards"] if "target_forwards" in g else None
+        row["outside ms per target forward"] = float(per_forward.mean() * 1000) if per_forward is not None else None
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     """Each row's tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without ar."""
     if "ar" not in set(rows["method"]):
@@ -385,10 +457,12 @@ def _mean_of(g: pd.DataFrame, column: str) -> float | None:
 
 
 def _decode_rate(g: pd.DataFrame) -> float | None:
-    """Total new tokens over the machine's time after the prompts' passes; None if a row did not time its prefill."""
+    """New tokens after the prompts' passes over the machine's time after them; None if a row did not time its
+    prefill. (Rows stored before prefill_tokens existed had none: their passes made no token.)"""
     if "prefill_s" not in g or g["prefill_s"].isna().any():
         return None
-    return float(g["new_tokens"].sum() / ((g["wall_s"] - g["prefill_s"]) / _batch_sizes(g)).sum())
+    prefill_tokens = g["prefill_tokens"].fillna(0) if "prefill_tokens" in g else 0
+    return float((g["new_tokens"] - prefill_tokens).sum() / ((g["wall_s"] - g["prefill_s"]) / _batch_sizes(g)).sum())
 
 
 def load_rows(path: str) -> pd.DataFrame:

@@ -99,6 +99,12 @@ def cmd_bench(args) -> None:
     print(bench.summary_table(result["summary"]))
     print()
     print(bench.category_table(result["categories"]))
+    if result["peers"]:
+        print()
+        print(bench.peers_table(result["peers"]))
+    print()
+    print("where the time went, per answer:")
+    print(pd.DataFrame(result["breakdown"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.csv:
         write_csv(pd.DataFrame(result["rows"]), args.csv)
         print(f"wrote {args.csv}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 They take the same arguments as our methods so the bench can interleave them: hf-ar a batch too (transformers pads
 it on the left and masks the padding), hf-sd one prompt (transformers' assisted generation refuses a batch).
-transformers does not expose its rounds, so their trace carries only the wall time (``rounds`` is empty).
+transformers does not expose its rounds, so their trace carries only the wall time (``rounds`` is empty) and the
+arrival of the first new tokens, through a streamer (``FirstTokens``): the peer's prompt pass, so that decode-only
+speed compares with ours (whose AR and SD also fuse the prompt's pass into the first round).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 
 import torch
 from transformers import GenerationConfig
+from transformers.generation.streamers import BaseStreamer
 
 from .decoding import DecodeConfig, batchable, check_prompts, cut
 from .trace import Trace
@@ -35,6 +38,23 @@ def generation_config(pair, config: DecodeConfig, **extra) -> GenerationConfig:
     )
 
 
+class FirstTokens(BaseStreamer):
+    """When transformers' generate hands out its first new tokens, and how many per row. Its streamer gets the prompt
+    first, then each step's tokens ([b]: generate) or each assisted round's ([1, n]: assisted generation)."""
+
+    def __init__(self, start: float):
+        self.start, self.puts, self.seconds, self.tokens = start, 0, None, 0
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.seconds = time.perf_counter() - self.start
+            self.tokens = value.shape[-1] if value.dim() > 1 else 1
+
+    def end(self) -> None:
+        pass
+
+
 def _hf_generate(method: str, pair, prompts, config: DecodeConfig, generator: torch.Generator, **kwargs):
     """transformers' generate over a batch: prompts left-padded with the pad id, its attention mask marking them;
     each row's new tokens cut after its first EOS (transformers pads a finished row with the pad id)."""
@@ -47,11 +67,13 @@ def _hf_generate(method: str, pair, prompts, config: DecodeConfig, generator: to
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
                                   device=pair.target.device)  # [b, width]
     start = time.perf_counter()
+    first = FirstTokens(start)
     with torch.inference_mode():
-        out = pair.target.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        out = pair.target.generate(input_ids=input_ids, attention_mask=attention_mask, streamer=first, **kwargs)
     wall = time.perf_counter() - start
     new = [cut(row, len(row), pair.eos_token_ids)[0] for row in out[:, width:].tolist()]  # transformers pads the rest
-    return new, [Trace(method, prompt_len=len(p), wall_s=wall, batch_size=len(prompts)) for p in prompts]
+    return new, [Trace(method, prompt_len=len(p), wall_s=wall, batch_size=len(prompts), prefill_s=first.seconds,
+                       prefill_tokens=min(first.tokens, len(row))) for p, row in zip(prompts, new)]
 
 
 @batchable

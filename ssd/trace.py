@@ -84,7 +84,11 @@ class Trace:
     prompt_len: int
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0  # whole call, prompt processing included
-    prefill_s: float | None = None  # of which the prompt's pass before the first round (None: not measured apart)
+    # Of which the prompt's pass: apart, before the first round; or fused with the first round (one target forward
+    # over the prompt and the first step or draft, as transformers' generate makes it), whose time and tokens then
+    # count as the prompt's. None: not measured.
+    prefill_s: float | None = None
+    prefill_tokens: int = 0  # new tokens out by the end of prefill_s (fused: the first round's; apart: none)
     # The sequences decoded together with this one (1: alone). A batch's rows share every forward, so each row's
     # wall_s, prefill_s and phase times are the batch's; tokens/s over a batch is its rows' tokens over one wall_s.
     batch_size: int = 1
@@ -94,6 +98,11 @@ class Trace:
     def decode_s(self) -> float | None:
         """Wall time after the prompt's pass: what decode tokens/s (the paper's measure) is over."""
         return self.wall_s - self.prefill_s if self.prefill_s is not None else None
+
+    @property
+    def decode_tokens(self) -> int:
+        """New tokens after the prompt's pass: decode tokens/s is these over decode_s."""
+        return self.new_tokens - self.prefill_tokens
 
     @property
     def new_tokens(self) -> int:
@@ -208,14 +217,19 @@ class Stopwatch:
         shift = offset_s + self.origin
         self.spans += [Span(round_, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
 
-    def whole(self, *traces: Trace):
+    def whole(self, *traces: Trace, fused: bool = False):
         """Time a whole generate call into each trace's wall_s, and give each the call's spans (a batch's rows share
-        them); the call's clock starts here."""
+        them); the call's clock starts here. fused: the first round's forwards also fed the prompts (no prefill()),
+        so the first round counts as the prompt's pass: each trace's prefill_s ends with it, and its tokens are the
+        trace's prefill_tokens."""
         self.origin, self.spans, self.round = time.perf_counter(), [], 0
 
         def record(start: float, end: float) -> None:
+            first = [s.end_s for s in self.spans if s.round == 0]
             for trace in traces:
                 trace.wall_s, trace.spans = end - start, list(self.spans)
+                if fused and first and trace.rounds:
+                    trace.prefill_s, trace.prefill_tokens = max(first), trace.rounds[0].new_tokens
 
         return _timed(record)
 
@@ -242,3 +256,52 @@ def _timed(record):
     finally:
         record(start, time.perf_counter())
 
+
+class ForwardClock:
+    """Counts and times every forward of some models, whoever calls them: our loops or transformers' generate. So a
+    call's wall time splits into the target's forwards, the draft's, and everything outside them (sampling,
+    verification, cache bookkeeping, Python), for our methods and the peers alike:
+
+        with ForwardClock(target=pair.target, draft=pair.draft) as clock:
+            generate(...)
+        clock.seconds["target"], clock.calls["draft"], clock.first_s["target"]  # the first: the prompt's pass
+
+    Hooks sit on each model and on its body (``base_model``: a pass that needs no logits, as CachedModel.extend
+    makes, calls only the body); a call inside another of the same model is part of it, not a forward of its own.
+    """
+
+    def __init__(self, **models):
+        self.models = models
+        self.seconds = dict.fromkeys(models, 0.0)
+        self.calls = dict.fromkeys(models, 0)
+        self.first_s: dict[str, float | None] = dict.fromkeys(models)
+        self._hooks: list = []
+        self._depth = dict.fromkeys(models, 0)
+        self._started = dict.fromkeys(models, 0.0)
+
+    def __enter__(self):
+        for name, model in self.models.items():
+            for module in {id(m): m for m in (model, getattr(model, "base_model", model))}.values():
+                self._hooks.append(module.register_forward_pre_hook(lambda *_, name=name: self._start(name)))
+                self._hooks.append(module.register_forward_hook(lambda *_, name=name: self._stop(name)))
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _start(self, name: str) -> None:
+        self._depth[name] += 1
+        if self._depth[name] == 1:
+            self._started[name] = time.perf_counter()
+
+    def _stop(self, name: str) -> None:
+        self._depth[name] -= 1
+        if self._depth[name]:
+            return
+        seconds = time.perf_counter() - self._started[name]
+        self.seconds[name] += seconds
+        self.calls[name] += 1
+        if self.first_s[name] is None:
+            self.first_s[name] = seconds

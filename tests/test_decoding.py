@@ -60,7 +60,7 @@ def test_sd_stops_at_eos_like_the_target(pairs):
 def test_the_prompt_is_encoded_once_and_rejected_tokens_are_rolled_back(pairs):
     pair = pairs[0.4]
     fed = []
-    # The backbone sees every token fed, whether the head scores it (a round) or not (the prompt's pass).
+    # The backbone sees every token fed, whether the head scores it or not.
     hook = pair.target.base_model.register_forward_pre_hook(
         lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
@@ -69,9 +69,10 @@ def test_the_prompt_is_encoded_once_and_rejected_tokens_are_rolled_back(pairs):
     finally:
         hook.remove()
     assert trace.acceptance_rate < 1  # there were rejections to roll back
-    # The prompt's pass feeds all of the prompt but its last token; round 0 that token and the drafts; every later
-    # round only the token appended last round and the drafts.
-    assert fed == [len(prompt) - 1] + [1 + r.draft_len for r in trace.rounds]
+    # Round 0 feeds the whole prompt and the drafts (no pass of its own for the prompt, as in transformers); every
+    # later round only the token appended last round and the drafts.
+    first, *rest = trace.rounds
+    assert fed == [len(prompt) + first.draft_len] + [1 + r.draft_len for r in rest]
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(pairs):
@@ -140,19 +141,18 @@ def test_bad_prompts_are_refused(pairs):
 
 
 def test_a_trace_keeps_when_each_phase_ran(pairs):
-    """The spans of SD's call: the prompts' pass first, then each round's draft steps before its verify pass, one
-    after another on one clock; their lengths are the rounds' times; a batch's rows share them."""
+    """The spans of SD's call: each round's draft steps before its verify pass (the first round's feeding the
+    prompts), one after another on one clock; their lengths are the rounds' times; a batch's rows share them."""
     _, traces = generate_sd(pairs[0.4], [[1, 2, 3], [4, 5]], DecodeConfig(k=3, max_new_tokens=12),
                             torch.Generator().manual_seed(0))
     first, second = traces
     assert first.spans == second.spans
     spans, longest = first.spans, max(traces, key=lambda t: len(t.rounds))
-    assert spans[0].phase == "prefill_s" and spans[0].round is None
-    assert [(s.round, s.phase) for s in spans[1:]] == [(i, p) for i in range(len(longest.rounds))
-                                                       for p in ("draft_s", "verify_s")]
+    assert [(s.round, s.phase) for s in spans] == [(i, p) for i in range(len(longest.rounds))
+                                                    for p in ("draft_s", "verify_s")]
     ends = [x for s in spans for x in (s.start_s, s.end_s)]
     assert ends == sorted(ends) and ends[0] >= 0 and ends[-1] <= first.wall_s
-    assert spans[0].end_s - spans[0].start_s == pytest.approx(first.prefill_s)
-    for r, (draft, verify) in zip(longest.rounds, zip(spans[1::2], spans[2::2])):
+    assert first.prefill_s == pytest.approx(spans[1].end_s)  # the first round counts as the prompts' pass
+    for r, (draft, verify) in zip(longest.rounds, zip(spans[0::2], spans[1::2])):
         assert draft.end_s - draft.start_s == pytest.approx(r.draft_s)
         assert verify.end_s - verify.start_s == pytest.approx(r.verify_s)

@@ -140,12 +140,13 @@ def test_mean_ci_gives_no_interval_from_fewer_than_3_and_keeps_rates_in_0_1():
 
 
 def test_the_timeline_summary_tells_turns_from_overlap():
-    spans = pd.DataFrame(
-        [("sd", None, "prefill_s", "target", 0.0, 1.0), ("sd", 0, "draft_s", "draft", 1.0, 1.5),
-         ("sd", 0, "verify_s", "target", 1.5, 2.0), ("sd", 1, "draft_s", "draft", 2.0, 2.5),
-         ("sd", 1, "verify_s", "target", 2.5, 3.0),
-         ("pipe", 0, "verify_s", "target", 1.0, 1.5), ("pipe", 0, "wait_s", "target", 1.5, 2.0),
-         ("pipe", 0, "prespec_s", "draft", 1.0, 1.8), ("pipe", 0, "draft_s", "draft", 1.9, 2.0)],
+    spans = pd.DataFrame(  # each method's first round, which may hold the prompt's pass, is left out
+        [("sd", None, "prefill_s", "target", 0.0, 1.0), ("sd", 0, "verify_s", "target", 0.0, 1.0),
+         ("sd", 1, "draft_s", "draft", 1.0, 1.5),
+         ("sd", 1, "verify_s", "target", 1.5, 2.0), ("sd", 2, "draft_s", "draft", 2.0, 2.5),
+         ("sd", 2, "verify_s", "target", 2.5, 3.0), ("pipe", 0, "verify_s", "target", 0.0, 1.0),
+         ("pipe", 1, "verify_s", "target", 1.0, 1.5), ("pipe", 1, "wait_s", "target", 1.5, 2.0),
+         ("pipe", 1, "prespec_s", "draft", 1.0, 1.8), ("pipe", 1, "draft_s", "draft", 1.9, 2.0)],
         columns=["method", "round", "phase", "lane", "start_s", "end_s"])
     summary = experiments.timeline_summary(spans).set_index("method")
     sd, pipe = summary.loc["sd"], summary.loc["pipe"]
