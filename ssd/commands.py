@@ -165,13 +165,17 @@ def cmd_sweep(args) -> int:
 def cmd_profile(args) -> None:
     if args.reps < 1:
         raise ValueError(f"reps must be >= 1, got {args.reps}")
+    if args.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (rows timed at once), got {args.batch_size}")
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")
     pair = load(args)
-    result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps)
+    result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps,
+                             batch_size=args.batch_size)
     frame = result.to_frame()
     print(f"{pair.name}, {pair.precisions.label}; {capability_line(result.capability)}")
-    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}")
+    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}, "
+          f"batch size {result.batch_size} (every pass over that many rows)")
     print(frame.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     for role in ("target", "draft"):
         print(f"{role}: memory {result.bandwidth_gbs[role]:.1f} GB/s, a step reads {result.step_bytes[role] / 1e9:.2f} "

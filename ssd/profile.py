@@ -13,6 +13,10 @@ Three curves and a floor (``python -m ssd profile``):
 - the physical floor beside them: the one-token step that reading every weight once at this core set's measured
   memory bandwidth would take. A step far above its floor is compute- or overhead-bound, not memory-bound.
 
+At batch size b (``--batch-size``) every curve is timed over b rows at once, as a batched run makes its passes: the
+target's over b x n tokens (b rows of n), the draft's tree over b x B rows (B branches for each of b sequences; at
+B = 1 a batched draft step), the glue step over b rows; so SD's E / (cK + v) and Theorem 7 can be fed at every b.
+
 Each curve is also given as a ratio to its one-token step. Theorem 7 can take its latencies from a profile
 (``ssd.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and kept
 in the user cache (``cached_profile``); any change of those measures again. Profiles measured on known kinds of
@@ -83,11 +87,11 @@ def _fixed_ids(model, length: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int, float]:
-    """Median milliseconds of one causal forward over n new tokens (a verify pass over K + 1 = n tokens) after
-    `context` cached tokens, for each n in sizes (``_round_robin_ms``)."""
+def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, batch: int = 1) -> dict[int, float]:
+    """Median milliseconds of one causal forward over n new tokens (a verify pass over K + 1 = n tokens) in each of
+    `batch` rows after `context` cached tokens, for each n in sizes (``_round_robin_ms``)."""
     device = model.device
-    ids = _fixed_ids(model, context + max(sizes))[None].to(device)
+    ids = _fixed_ids(model, context + max(sizes))[None].expand(batch, -1).to(device)  # [b, context + max n]
     cache = DynamicCache(config=model.config)
     model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
 
@@ -97,38 +101,46 @@ def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int
     return _round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
 
 
-def _primed_draft(model, context: int, more: int) -> tuple[CachedModel, list[int]]:
-    """The draft as SSD holds it, a CachedModel, with `context` fixed tokens cached; and those tokens and `more`."""
-    draft = CachedModel(model)
+def _primed_draft(model, context: int, more: int, batch: int = 1) -> tuple[CachedModel, list[int]]:
+    """The draft as SSD holds it, a CachedModel of `batch` rows, each with the same `context` fixed tokens cached;
+    and those tokens and `more`."""
+    draft = CachedModel(model, rows=batch)
     ids = _fixed_ids(model, context + more).tolist()
-    draft.extend(ids[:context])
+    draft.extend({row: ids[:context] for row in range(batch)})
     return draft, ids
 
 
 @torch.inference_mode()
-def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths: int = TREE_DEPTHS
+def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths: int = TREE_DEPTHS, batch: int = 1
                   ) -> dict[int, float]:
-    """Median milliseconds of one depth of SSD's tree pre-speculation over n branch rows after `context` cached
-    tokens, for each n in rows: ``ssd.tree.draft_tree`` itself, `depths` deep, per depth (its forwards over the rows
-    with their tree masks, each row's draw from its distribution at temperature 1, the drafts handed back; the tree
-    leaves the cache as it found it)."""
-    draft, ids = _primed_draft(model, context, max(rows))
+    """Median milliseconds of one depth of SSD's tree pre-speculation over n branch rows for each of `batch`
+    sequences after `context` cached tokens, for each n in rows: ``ssd.tree.draft_tree`` itself, `depths` deep, per
+    depth (its forwards over the b x n rows with their tree masks, each row's draw from its distribution at
+    temperature 1, the drafts handed back; the tree leaves the cache as it found it)."""
+    draft, ids = _primed_draft(model, context, max(rows), batch)
     u, fan_out = torch.full((depths,), 0.5, dtype=torch.float64), [0] * (depths + 1)
+    seqs = range(batch)
 
-    def run(n):  # n branches, each after the whole context
-        tree.draft_tree(draft, {0: context}, {0: [(0, t) for t in ids[context : context + n]]}, {0: u}, 1.0, 1.0,
-                        {0: fan_out})
+    def run(n):  # n branches of each sequence, each after the whole context
+        branches = [(0, t) for t in ids[context : context + n]]
+        tree.draft_tree(draft, dict.fromkeys(seqs, context), dict.fromkeys(seqs, branches), dict.fromkeys(seqs, u),
+                        1.0, 1.0, dict.fromkeys(seqs, fan_out))
 
     return {n: ms / depths for n, ms in _round_robin_ms(rows, reps, model.device, run).items()}
 
 
 @torch.inference_mode()
-def glue_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3) -> dict[int, float]:
-    """Median milliseconds of SSD's glue step over n new tokens after `context` cached ones, for each n in sizes:
-    ``CachedModel.logits(keep=1)``, as ``ssd.ssd.branch_drafts`` calls it."""
-    draft, ids = _primed_draft(model, context, max(sizes))
-    return _round_robin_ms(sizes, reps, model.device, lambda n: draft.logits(ids[: context + n], keep=1),
-                           undo=lambda n: draft.rollback(context))
+def glue_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, batch: int = 1) -> dict[int, float]:
+    """Median milliseconds of SSD's glue step over n new tokens in each of `batch` rows after `context` cached ones,
+    for each n in sizes: ``CachedModel.logits(keep=1)``, as ``ssd.ssd.branch_drafts`` calls it."""
+    draft, ids = _primed_draft(model, context, max(sizes), batch)
+
+    def undo(n):
+        for row in range(batch):
+            draft.rollback(context, row)
+
+    return _round_robin_ms(sizes, reps, model.device,
+                           lambda n: draft.logits(dict.fromkeys(range(batch), ids[: context + n]), keep=1), undo=undo)
 
 
 def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3) -> float:
@@ -181,6 +193,7 @@ class Profile:
     step_bytes: dict[str, int]
     measured_at: str = ""
     glue_ms: dict[int, float] | None = None  # the draft's glue step over n new tokens; None: stored before v2
+    batch_size: int = 1  # b: every curve timed over b rows at once (target: b x n tokens; draft: b x n rows)
 
     def __post_init__(self):
         # JSON keys come back as strings
@@ -236,9 +249,12 @@ def _interp(curve: dict[int, float], n: float) -> float:
 
 
 def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS, rows=DRAFT_ROWS,
-            context: int = CONTEXT, reps: int = 5, progress: bool = True) -> Profile:
-    """Time the target on the verifier's cores and the draft on the drafter's, one after the other."""
+            context: int = CONTEXT, reps: int = 5, progress: bool = True, batch_size: int = 1) -> Profile:
+    """Time the target on the verifier's cores and the draft on the drafter's, one after the other, each pass over
+    batch_size rows."""
     v_cores, d_cores = check_cores(verifier_cores, "verifier_cores"), check_cores(drafter_cores, "drafter_cores")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if context + max(max(tokens), TREE_DEPTHS * max(rows)) > pair.max_context:
         raise ValueError(f"context={context} plus the largest pass does not fit the pair's {pair.max_context} tokens")
     bar = tqdm(total=2 * len(tokens) + len(rows), desc="profile", disable=not progress)
@@ -246,27 +262,28 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
     with pinned(v_cores):
         bandwidth["target"] = memory_bandwidth_gbs()
         bar.set_postfix_str("target")
-        target = curve_ms(pair.target, tokens, context=context, reps=reps)
+        target = curve_ms(pair.target, tokens, context=context, reps=reps, batch=batch_size)
         bar.update(len(tokens))
     with pinned(d_cores):
         bandwidth["draft"] = memory_bandwidth_gbs()
         bar.set_postfix_str("draft")
-        tree = tree_depth_ms(pair.draft, rows, context=context, reps=reps)
+        tree = tree_depth_ms(pair.draft, rows, context=context, reps=reps, batch=batch_size)
         bar.update(len(rows))
-        glue = glue_ms(pair.draft, tokens, context=context, reps=reps)
+        glue = glue_ms(pair.draft, tokens, context=context, reps=reps, batch=batch_size)
         bar.update(len(tokens))
     bar.close()
     return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, target, tree,
                    bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
-                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue)
+                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size)
 
 
 def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
-                 rows=DRAFT_ROWS):
+                 rows=DRAFT_ROWS, batch_size: int = 1):
     cap = capability()
-    key = json.dumps([VERSION, RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device),
-                      cap["cpu"], cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
-                      check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)])
+    key = [VERSION, RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device), cap["cpu"],
+           cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
+           check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
+    key = json.dumps(key + ([batch_size] if batch_size != 1 else []))  # b = 1 keeps the name it always had
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -299,7 +316,7 @@ def _kind(profile: Profile) -> dict:
 
 
 def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", context: int = CONTEXT,
-                tokens=TARGET_TOKENS, rows=DRAFT_ROWS) -> bool:
+                tokens=TARGET_TOKENS, rows=DRAFT_ROWS, batch_size: int = 1) -> bool:
     """Whether a stored profile stands for one measured here now: the same pair at the same precisions, this kind of
     machine (``ssd.precision.machine_kind``) and torch, the same cores, context and sizes, and every curve of this
     version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
@@ -309,7 +326,8 @@ def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", c
             and profile.capability.get("torch") == capability()["torch"]
             and profile.verifier_cores == check_cores(verifier_cores, "verifier_cores")
             and profile.drafter_cores == check_cores(drafter_cores, "drafter_cores")
-            and profile.context == context and sorted(profile.target_ms) == sorted(tokens)
+            and profile.context == context and profile.batch_size == batch_size
+            and sorted(profile.target_ms) == sorted(tokens)
             and sorted(profile.draft_ms) == sorted(rows) and profile.glue_ms is not None)
 
 
@@ -331,7 +349,8 @@ def stored_name(profile: Profile) -> str:
     key = json.dumps([_kind(profile), profile.capability.get("torch"), profile.verifier_cores, profile.drafter_cores,
                       profile.context], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return f"{profile.pair}_{profile.precisions['target']}_{profile.precisions['draft']}_{digest}.json"
+    batch = f"_b{profile.batch_size}" if profile.batch_size != 1 else ""
+    return f"{profile.pair}_{profile.precisions['target']}_{profile.precisions['draft']}{batch}_{digest}.json"
 
 
 def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:

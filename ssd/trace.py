@@ -100,11 +100,6 @@ class Trace:
         return self.wall_s - self.prefill_s if self.prefill_s is not None else None
 
     @property
-    def decode_tokens(self) -> int:
-        """New tokens after the prompt's pass: decode tokens/s is these over decode_s."""
-        return self.new_tokens - self.prefill_tokens
-
-    @property
     def new_tokens(self) -> int:
         return sum(r.new_tokens for r in self.rounds)
 

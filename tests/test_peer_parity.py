@@ -42,7 +42,6 @@ def test_ar_and_sd_make_no_pass_of_their_own_for_the_prompt(pair, prompts):
     for trace in traces:  # the first round stands for the prompt's pass in decode tokens/s
         first = max(s.end_s for s in trace.spans if s.round == 0)
         assert trace.prefill_s == first and trace.prefill_tokens == trace.rounds[0].new_tokens
-        assert trace.decode_tokens == trace.new_tokens - trace.rounds[0].new_tokens
         assert 0 < trace.prefill_s < trace.wall_s
 
 

@@ -78,6 +78,36 @@ def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
     assert all(c[:2] == (16, 16) and c[3] == prof.TREE_DEPTHS for c in calls)
 
 
+def test_a_profile_at_batch_b_times_every_pass_over_b_rows(pair, monkeypatch, tmp_path):
+    """The target over b rows of n tokens, the tree over B branches of each of b sequences, the glue over b rows; a
+    profile at b answers only for b, under its own names; b = 1 keeps the names it always had."""
+    from ssd import tree as tree_module
+
+    shapes, branches, real_forward, real_tree = [], [], pair.target.forward, tree_module.draft_tree
+
+    def forward(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return real_forward(*args, **kwargs)
+
+    def spy(draft, prefix_lens, outcomes, u, *rest):
+        branches.append(sorted(len(o) for o in outcomes.values()))
+        return real_tree(draft, prefix_lens, outcomes, u, *rest)
+
+    monkeypatch.setattr(pair.target, "forward", forward)
+    monkeypatch.setattr(tree_module, "draft_tree", spy)
+    p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, batch_size=3, **SMALL)
+    assert {s for s in shapes if s[1] in (1, 2, 5)} == {(3, 1), (3, 2), (3, 5)}  # b rows of n tokens
+    assert {tuple(b) for b in branches} == {(1, 1, 1), (4, 4, 4), (8, 8, 8)}  # B branches for each of b sequences
+    assert p.batch_size == 3 and all(ms > 0 for curve in (p.target_ms, p.draft_ms, p.glue_ms) for ms in curve.values())
+    assert prof.answers_for(p, pair, V, D, batch_size=3, **SMALL) and not prof.answers_for(p, pair, V, D, **SMALL)
+    assert "_b3_" in prof.stored_name(p) and "_b" not in prof.stored_name(dataclasses.replace(p, batch_size=1))
+    assert prof.profile_path(pair, V, D, batch_size=3, **SMALL) != prof.profile_path(pair, V, D, **SMALL)
+    prof.save(p, tmp_path / "p.json")
+    assert prof.load(tmp_path / "p.json").batch_size == 3
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        measure(pair, verifier_cores=V, drafter_cores=D, batch_size=0, **SMALL)
+
+
 def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     old = p.to_dict()
@@ -197,3 +227,14 @@ def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
                  "--store", str(tmp_path / "store")]) == 0
     (path,) = (tmp_path / "store").glob("*.json")
     assert path.name.startswith("tiny_float32_float32_") and prof.load(path).pair == "tiny"
+
+
+def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
+    assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
+                 "--batch-size", "2", "--store", str(tmp_path / "store")]) == 0
+    (path,) = (tmp_path / "store").glob("*.json")
+    assert "_b2_" in path.name and prof.load(path).batch_size == 2
+    assert "batch size 2" in capsys.readouterr().out
+    assert main(["profile", "--pair", "tiny", "--batch-size", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "batch_size must be >= 1" in err and "\n" not in err
