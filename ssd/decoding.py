@@ -93,10 +93,22 @@ def batchable(generate):
     @functools.wraps(generate)
     def method(pair, prompt_ids, config, generator):
         prompts, single = as_batch(prompt_ids)
-        new, traces = generate(pair, prompts, config, generator)
+        try:
+            new, traces = generate(pair, prompts, config, generator)
+        except RuntimeError as e:  # torch.OutOfMemoryError (a GPU) is one; the CPU allocator raises a plain one
+            if not _out_of_memory(e):
+                raise
+            cause = str(e).strip().splitlines()[0][:200]
+            raise ValueError(f"batch_size={len(prompts)}: the batch did not fit in memory ({cause}); give a smaller "
+                             "batch_size or fewer max_new_tokens") from None
         return (new[0], traces[0]) if single else (new, traces)
 
     return method
+
+
+def _out_of_memory(error: RuntimeError) -> bool:
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def check_window(pair, prompt_len: int, config) -> None:

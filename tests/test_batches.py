@@ -218,3 +218,26 @@ def test_the_bench_runs_each_method_at_its_batch_size_side_by_side(pair):
     assert summary["sd:batch_size=2"]["batch_size"] == 2 and summary["ar"]["batch_size"] == 1
     again = summarize(pd.DataFrame(result["rows"]))  # stored rows summarise to the same figures
     assert [s["tokens_per_s"] for s in again] == [s["tokens_per_s"] for s in result["summary"]]
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_refused_in_one_line(monkeypatch):
+    pair = tiny_pair()
+    real = pair.target.forward
+
+    def forward(*args, **kwargs):
+        if kwargs["input_ids"].shape[0] > 2:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 99999999999 bytes.\nmore of torch's message")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pair.target, "forward", forward)
+    config = DecodeConfig(max_new_tokens=4)
+    for method in ("ar", "sd"):
+        with pytest.raises(ValueError, match=r"^batch_size=3: the batch did not fit in memory \(.*can't allocate "
+                                             r"memory.*\); give a smaller batch_size") as e:
+            METHODS[method](pair, PROMPTS[:3], config, torch.Generator().manual_seed(0))
+        assert "\n" not in str(e.value)
+        METHODS[method](pair, PROMPTS[:2], config, torch.Generator().manual_seed(0))  # two rows fit
+    monkeypatch.setattr(pair.target, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):  # any other error is not a memory one
+        METHODS["ar"](pair, PROMPTS[:3], config, torch.Generator().manual_seed(0))
