@@ -657,7 +657,7 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
     pipeline's: per rank), its timed blocks as bars coloured by phase (PHASE_COLOURS): the prompts' pass, the
     target's verify passes and the verifier's waits; the draft's steps (SD), or the drafter's pre-speculation and,
     after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass is marked above
-    with its hit (a green tick) or miss (a red cross). rounds: draw only the prompts' pass and the first `rounds`
+    with its hit (a green triangle) or miss (a red cross). rounds: draw only the prompts' pass and the first `rounds`
     rounds. traces: a Trace, a list of them (one call per method), or a frame of spans (Trace.spans_frame(), several
     methods' concatenated; ssd.bench.run_bench's "spans" for one prompt)."""
     frame = _check(timeline_spans(traces), ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"],

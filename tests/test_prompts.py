@@ -139,7 +139,9 @@ def test_the_bench_reports_every_category_and_overall(tmp_path, capsys):
     argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", f"{SPEC_BENCH}@2", "--max-new-tokens", "6",
             "--json", path]
     assert main(argv) == 0
-    table = capsys.readouterr().out.split("per category")[1].splitlines()[2:]
+    out = capsys.readouterr().out
+    table = out.split("per category")[1].split("\n\n")[0].splitlines()[2:]  # up to the breakdown after it
+    assert "where the time went" in out and "against the peers" not in out  # no peer ran
     assert [line.split()[:2] for line in table] == [[c, m] for c in [*CATEGORIES, "overall"] for m in ("ar", "sd")]
     with open(path) as f:
         result = json.load(f)
@@ -175,7 +177,7 @@ def test_a_set_of_one_category_prints_its_summary_and_the_overall_rows(capsys):
     assert main(argv) == 0
     summary, report = capsys.readouterr().out.split("per category")
     assert [line.split()[0] for line in summary.strip().splitlines()] == ["method", "ar", "sd"]
-    rows = [line.split() for line in report.splitlines()[2:]]
+    rows = [line.split() for line in report.split("\n\n")[0].splitlines()[2:]]
     assert [row[:3] for row in rows] == [["overall", "ar", "3"], ["overall", "sd", "3"]]
     # Three answers give intervals: tokens/s and tokens per round for both, the speed-up for sd only (AR's is 1).
     assert [sum(cell.startswith("[") for cell in row) for row in rows] == [2, 3]
