@@ -45,11 +45,12 @@ sweep: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
-# Unit and statistical tests, spread over the cores (pytest-xdist; the real pair's tests in one worker), then nbval:
-# every notebook re-executed in order and compared with its stored outputs.
+# Unit and statistical tests, and nbval (every notebook re-executed in order and compared with its stored outputs),
+# in one run spread over the cores by pytest-xdist: the real pair's tests and then the notebooks in one worker (one
+# real pair in memory at a time), the tiny-model tests in the others meanwhile (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup \
+		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
 # On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
 # ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, within 8 minutes, into

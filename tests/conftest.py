@@ -1,22 +1,48 @@
+import os
+
 import pytest
 import torch
 
 
+def worker_cores() -> int:
+    """The cores one pytest-xdist worker may keep busy: the machine's, shared evenly among the workers. A torch that
+    runs more threads than that contends with the other workers' tests, and its OpenMP threads spin waiting for a busy
+    core: on a 2-core machine the real pair's tests took twice as long at two threads beside a tiny test as at one."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def pytest_configure(config):
     # Tiny models gain nothing from a second thread, and OpenMP threads that spin waiting for a busy core make
-    # them many times slower; the real pair's fixture raises the count while it runs.
+    # them many times slower; the real pair's fixture (cores_of_this_worker) raises the count while it runs.
     torch.set_num_threads(1)
+    # The kernels nbval starts for the notebooks read this when they import torch: a worker's share of the cores.
+    os.environ.setdefault("OMP_NUM_THREADS", str(worker_cores()))
+
+
+@pytest.fixture(scope="module")
+def cores_of_this_worker():
+    """A real model's tests run at this worker's share of the cores (every core when pytest runs alone)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(worker_cores())
+    yield worker_cores()
+    torch.set_num_threads(threads)
+
+
+def is_notebook(item) -> bool:
+    return item.path.suffix == ".ipynb"  # a cell of a notebook nbval runs (make test: pytest --nbval tests notebooks)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the tests of the real pair run in one worker,
-    # one after the other: each module loads about 10 GB, and two at once would not fit beside the tiny tests. They
-    # go first, since together they are the longest chain; the tiny tests (one thread each) fill the other cores.
+    # Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the tests of the real pair and the notebooks
+    # (every cell of every notebook, in order: nbval runs a notebook's cells in one kernel) run in one worker, one
+    # after the other: each loads the real pair (up to 10 GB), and two at once would not fit beside the tiny tests.
+    # The real pair's tests go first, then the course in its order; the tiny tests (one thread each) fill the other
+    # cores meanwhile.
     for item in items:
-        if item.get_closest_marker("real"):
+        if item.get_closest_marker("real") or is_notebook(item):
             item.add_marker(pytest.mark.xdist_group("real"))
-    items.sort(key=lambda item: item.get_closest_marker("real") is None)  # stable: each module keeps its order
+    items.sort(key=lambda item: (item.get_closest_marker("real") is None, is_notebook(item)))  # stable
 
 
 def pytest_collection_finish(session):
@@ -24,7 +50,7 @@ def pytest_collection_finish(session):
     # xdist 3.8) leaves them apart, and the real pair would load in two workers at once (over 20 GB): stop and say so.
     if getattr(session.config.option, "loadgroup", False):
         apart = [item.nodeid for item in session.items
-                 if item.get_closest_marker("real") and not item.nodeid.endswith("@real")]
+                 if (item.get_closest_marker("real") or is_notebook(item)) and not item.nodeid.endswith("@real")]
         if apart:
             raise pytest.UsageError(f"pytest-xdist did not group the real pair's tests ({apart[0]}, ...): use the "
                                     "pytest and pytest-xdist versions pyproject.toml pins")

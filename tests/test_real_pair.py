@@ -1,7 +1,5 @@
 """The real qwen2.5-coder pair in float32, where realism matters: lossless greedy SD and the peers, on HumanEval
 prompts. (test_real_precision.py: the same pair at reduced precision.)"""
-import os
-
 import pytest
 import torch
 
@@ -15,11 +13,8 @@ pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
-def pair():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count())  # conftest keeps tiny models on one thread; real ones use every core
-    yield load_pair("qwen2.5-coder", target_dtype="float32", draft_dtype="float32", progress=False)  # exact reference
-    torch.set_num_threads(threads)
+def pair(cores_of_this_worker):  # conftest keeps tiny models on one thread; a real one gets the worker's cores
+    return load_pair("qwen2.5-coder", target_dtype="float32", draft_dtype="float32", progress=False)  # exact reference
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +22,24 @@ def prompts(pair):
     return [encode(pair.tokenizer, p) for p in load_prompts("humaneval[10:12]")]
 
 
-def test_greedy_sd_is_token_identical_to_the_target_for_every_k(pair, prompts):
-    config = DecodeConfig(max_new_tokens=16)
-    for ids in prompts:
-        reference, _ = generate_ar(pair, ids, config, torch.Generator().manual_seed(0))
-        assert len(reference) == 16
-        for k in (1, 2, 4, 8):
-            tokens, trace = generate_sd(pair, ids, DecodeConfig(k=k, max_new_tokens=16), torch.Generator().manual_seed(0))
+@pytest.fixture(scope="module")
+def references(pair, prompts):
+    """AR's 12 greedy tokens on each prompt: the target alone, which every method below must equal."""
+    config = DecodeConfig(max_new_tokens=12)
+    return [generate_ar(pair, ids, config, torch.Generator().manual_seed(0))[0] for ids in prompts]
+
+
+def test_greedy_sd_is_token_identical_to_the_target_for_every_k(pair, prompts, references):
+    for ids, reference in zip(prompts, references):
+        assert len(reference) == 12
+        for k in (1, 3, 8):
+            tokens, trace = generate_sd(pair, ids, DecodeConfig(k=k, max_new_tokens=12), torch.Generator().manual_seed(0))
             assert tokens == reference, f"k={k}"
             assert trace.acceptance_rate is not None and trace.acceptance_rate > 0.3  # a real draft, a real agreement
 
 
 def test_sampling_is_reproducible_for_a_seed(pair, prompts):
-    config = DecodeConfig(k=4, temperature=0.7, max_new_tokens=12)
+    config = DecodeConfig(k=4, temperature=0.7, max_new_tokens=8)
     a = generate_sd(pair, prompts[0], config, torch.Generator().manual_seed(3))[0]
     b = generate_sd(pair, prompts[0], config, torch.Generator().manual_seed(3))[0]
     assert a == b
@@ -47,7 +47,7 @@ def test_sampling_is_reproducible_for_a_seed(pair, prompts):
 
 def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
     methods = ["ar", "hf-ar", "sd", "hf-sd", "ssd"]
-    result = run_bench(pair, load_prompts("humaneval[20:21]"), methods, SSDConfig(k=4, max_new_tokens=12, budget=8),
+    result = run_bench(pair, load_prompts("humaneval[20:21]"), methods, SSDConfig(k=4, max_new_tokens=8, budget=8),
                        progress=False)
     assert [r["identical_to_target"] for r in result["rows"]] == [True] * len(methods)
     summary = {s["method"]: s for s in result["summary"]}
@@ -66,20 +66,18 @@ def test_bench_runs_all_methods_and_all_are_identical_to_the_target(pair):
     ],
     ids=["uniform-4", "geometric-16-fast", "calibrated-64-c0"],
 )
-def test_greedy_ssd_is_token_identical_to_the_target(pair, prompts, options):
-    ids = prompts[1]
-    reference, _ = generate_ar(pair, ids, DecodeConfig(max_new_tokens=16), torch.Generator().manual_seed(0))
-    tokens, trace = generate_ssd(pair, ids, SSDConfig(k=4, max_new_tokens=16, **options), torch.Generator().manual_seed(0))
-    assert tokens == reference
+def test_greedy_ssd_is_token_identical_to_the_target(pair, prompts, references, options):
+    config = SSDConfig(k=4, max_new_tokens=12, **options)
+    tokens, trace = generate_ssd(pair, prompts[1], config, torch.Generator().manual_seed(0))
+    assert tokens == references[1]
     assert trace.hit_rate > 0  # code on a real pair: the cache does get hit
 
 
-def test_greedy_pipeline_is_token_identical_to_the_target(pair, prompts):
+def test_greedy_pipeline_is_token_identical_to_the_target(pair, prompts, references):
     from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
 
-    ids = prompts[0]
-    reference, _ = generate_ar(pair, ids, DecodeConfig(max_new_tokens=16), torch.Generator().manual_seed(0))
-    config = PipelineConfig(k=4, max_new_tokens=16, budget=4, fan_out_strategy="calibrated", a_p=0.85, r=1.2)
+    ids, reference = prompts[0], references[0]
+    config = PipelineConfig(k=4, max_new_tokens=12, budget=4, fan_out_strategy="calibrated", a_p=0.85, r=1.2)
     try:
         tokens, trace = generate_ssd_pipeline(pair, ids, config, torch.Generator().manual_seed(0))
     finally:
@@ -92,7 +90,7 @@ def test_greedy_batches_are_token_identical_to_the_target_alone(pair):
     """Eight HumanEval prompts (ragged, 80 to 250 tokens) decoded at b = 8 by ar, sd and ssd, one forward per step
     over all of them: every row equals AR on its prompt alone."""
     prompts = [encode(pair.tokenizer, p) for p in load_prompts("humaneval[0:8]")]
-    config = SSDConfig(k=4, budget=8, max_new_tokens=12)
+    config = SSDConfig(k=4, budget=8, max_new_tokens=8)
     reference = [generate_ar(pair, ids, config, torch.Generator().manual_seed(0))[0] for ids in prompts]
     for method in (generate_ar, generate_sd, generate_ssd):
         tokens, traces = method(pair, prompts, config, torch.Generator().manual_seed(0))
