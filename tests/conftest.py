@@ -15,8 +15,10 @@ def pytest_configure(config):
     # Tiny models gain nothing from a second thread, and OpenMP threads that spin waiting for a busy core make
     # them many times slower; the real pair's fixture (cores_of_this_worker) raises the count while it runs.
     torch.set_num_threads(1)
-    # The kernels nbval starts for the notebooks read this when they import torch: a worker's share of the cores.
-    os.environ.setdefault("OMP_NUM_THREADS", str(worker_cores()))
+    if hasattr(config, "workerinput"):  # an xdist worker (never the controller: the workers would inherit its value)
+        # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
+        # read this when they import torch: the worker's share of the cores, whatever the caller's shell had set.
+        os.environ["OMP_NUM_THREADS"] = str(worker_cores())
 
 
 @pytest.fixture(scope="module")
