@@ -24,14 +24,18 @@ def pytest_configure(config):
 @pytest.fixture(scope="module")
 def cores_of_this_worker():
     """A real model's tests run at this worker's share of the cores (every core when pytest runs alone)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(worker_cores())
-    yield worker_cores()
+    threads, cores = torch.get_num_threads(), worker_cores()
+    torch.set_num_threads(cores)
+    yield cores
     torch.set_num_threads(threads)
 
 
 def is_notebook(item) -> bool:
     return item.path.suffix == ".ipynb"  # a cell of a notebook nbval runs (make test: pytest --nbval tests notebooks)
+
+
+def loads_the_real_pair(item) -> bool:
+    return item.get_closest_marker("real") is not None or is_notebook(item)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids
@@ -42,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
     # The real pair's tests go first, then the course in its order; the tiny tests (one thread each) fill the other
     # cores meanwhile.
     for item in items:
-        if item.get_closest_marker("real") or is_notebook(item):
+        if loads_the_real_pair(item):
             item.add_marker(pytest.mark.xdist_group("real"))
     items.sort(key=lambda item: (item.get_closest_marker("real") is None, is_notebook(item)))  # stable
 
@@ -52,7 +56,7 @@ def pytest_collection_finish(session):
     # xdist 3.8) leaves them apart, and the real pair would load in two workers at once (over 20 GB): stop and say so.
     if getattr(session.config.option, "loadgroup", False):
         apart = [item.nodeid for item in session.items
-                 if (item.get_closest_marker("real") or is_notebook(item)) and not item.nodeid.endswith("@real")]
+                 if loads_the_real_pair(item) and not item.nodeid.endswith("@real")]
         if apart:
             raise pytest.UsageError(f"pytest-xdist did not group the real pair's tests ({apart[0]}, ...): use the "
                                     "pytest and pytest-xdist versions pyproject.toml pins")
