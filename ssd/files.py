@@ -27,6 +27,24 @@ def atomic_path(path: str):
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Hold the exclusive lock `name` (a file in the cache's locks/ folder) for the block: one process builds a cache
+    entry (weights, a precision decision) while others wait for it and then read it, rather than all building it at
+    once (a second build of the weights would double the memory; a second timing would run beside the first and
+    skew both)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; the atomic rename still keeps every entry whole
+        yield
+        return
+    folder = cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, and by the OS if this process dies
+        yield
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -18,7 +18,7 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .files import cache_dir
+from .files import cache_dir, cache_lock
 from .pair import ModelLoadError
 
 
@@ -140,6 +140,14 @@ def ensure_cached(spec: GGUFSpec, progress=True) -> pathlib.Path:
     if _is_complete(folder, spec):
         return folder
     paths = part_paths(spec)  # fail on a missing package before writing anything
+    # pytest's workers, or a sweep's jobs, may each load the pair on a fresh machine: one builds, the others wait.
+    with cache_lock(f"models-{spec.slug}"):
+        if not _is_complete(folder, spec):  # another process may have built it while this one waited
+            _build(paths, models, folder, spec, progress)
+    return folder
+
+
+def _build(paths, models: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec, progress) -> None:
     models.mkdir(parents=True, exist_ok=True)
     _remove_stale_work(models, spec.slug)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.slug}.work-{os.getpid()}-", dir=models))
@@ -166,11 +174,11 @@ def ensure_cached(spec: GGUFSpec, progress=True) -> pathlib.Path:
         _install(out, folder, spec)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return folder
 
 
 def _install(out: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec) -> None:
-    # Another process may have finished first (keep its cache), or an old incomplete folder may be in the way.
+    # Where there are no file locks another process may have finished first (keep its cache); an old incomplete
+    # folder may be in the way.
     if _is_complete(folder, spec):
         return
     if folder.exists():

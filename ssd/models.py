@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .devices import resolve_device
-from .files import cache_dir
+from .files import cache_dir, cache_lock
 from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
                          transformers_bars)
 from .names import DEFAULT_PAIR
@@ -114,9 +114,13 @@ def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Preci
 def _auto(name: str, device, cap: dict, progress) -> Precisions:
     """Time each candidate precision once (one thread, context 128) and keep the decision in the user cache."""
     path = decision_path(cache_dir(), name, device, cap)
-    decision = load_decision(path)
-    if decision is not None:
-        return decision
+    # A second process waits and reads this one's decision rather than timing beside it.
+    with cache_lock(f"precision-{path.stem}"):
+        decision = load_decision(path)
+        return decision if decision is not None else _time_candidates(name, device, cap, path, progress)
+
+
+def _time_candidates(name: str, device, cap: dict, path, progress) -> Precisions:
     log(progress, f"auto precision: timing {name} at each candidate precision once on this machine (about a "
                    "minute; kept in the cache)")
     ms = {"target": {}, "draft": {}}

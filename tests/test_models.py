@@ -2,6 +2,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -313,6 +314,54 @@ def test_work_folder_of_a_dead_process_is_cleared(tmp_path, private_cache, monke
     (stale / "model.gguf").write_bytes(b"half a file")
     gguf_store.ensure_cached(spec, progress=False)
     assert [p.name for p in (private_cache / "models").iterdir()] == ["stale"]
+
+
+def slowly(monkeypatch, module, name, calls):
+    """Replace module.name by itself, counted in `calls` and held for half a second: a second thread that did not wait
+    for the first would call it again meanwhile."""
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+def in_two_threads(function, *args, **kwargs) -> list:
+    results = [None, None]
+
+    def run(i):
+        results[i] = function(*args, **kwargs)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_two_loads_at_once_build_the_weights_once(tmp_path, private_cache, monkeypatch):
+    # make test's workers each load the real pair on a fresh machine: one builds it, the other waits and reads it.
+    spec = shipped_spec(tmp_path, monkeypatch, tiny_pair().target, "twice")
+    builds = []
+    slowly(monkeypatch, gguf_store, "_build", builds)
+    folders = in_two_threads(gguf_store.ensure_cached, spec, progress=False)
+    assert builds == ["_build"] and folders == [private_cache / "models" / "twice"] * 2
+
+
+def test_two_loads_at_once_time_the_precisions_once(tmp_path, monkeypatch):
+    tiny = tiny_pair()
+    spec = models.PairSpec(shipped_spec(tmp_path, monkeypatch, tiny.draft, "d2"),
+                           shipped_spec(tmp_path, monkeypatch, tiny.target, "t2"), extra_eos_tokens=())
+    monkeypatch.setitem(models.PAIRS, "fake-pair", spec)
+    timings = []
+    slowly(monkeypatch, models, "_time_candidates", timings)
+    pairs = in_two_threads(load_pair, "fake-pair", progress=False)
+    assert timings == ["_time_candidates"]
+    assert pairs[0].precisions.as_dict() == pairs[1].precisions.as_dict()
 
 
 def test_registered_parts_are_found():
