@@ -38,25 +38,31 @@ def loads_the_real_pair(item) -> bool:
     return item.get_closest_marker("real") is not None or is_notebook(item)
 
 
+def heavy_group(item) -> str | None:
+    """The xdist group of a test that loads the real pair: "real" for the real pair's tests, "course" for the
+    notebooks' cells (nbval runs a notebook's cells in order in one kernel, so the course stays in one worker)."""
+    return "course" if is_notebook(item) else "real" if loads_the_real_pair(item) else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the tests of the real pair and the notebooks
-    # (every cell of every notebook, in order: nbval runs a notebook's cells in one kernel) run in one worker, one
-    # after the other: each loads the real pair (up to 10 GB), and two at once would not fit beside the tiny tests.
-    # The real pair's tests go first, then the course in its order; the tiny tests (one thread each) fill the other
-    # cores meanwhile.
+    # Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the real pair's tests run in one worker and the
+    # course in another, side by side: the two longest chains of work, which took 23 and 25 minutes, no longer queue
+    # one behind the other. Two real pairs fit in memory at once (the float32 weights are memory-mapped from one
+    # cache, shared), and the cache's locks make one worker build the weights and time auto while the other waits
+    # (ssd.files.cache_lock). xdist hands the largest groups out first; the tiny tests (one thread each) follow.
     for item in items:
-        if loads_the_real_pair(item):
-            item.add_marker(pytest.mark.xdist_group("real"))
-    items.sort(key=lambda item: (item.get_closest_marker("real") is None, is_notebook(item)))  # stable
+        if group := heavy_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_finish(session):
     # xdist's loadgroup groups tests by a suffix it adds to their ids; a pytest that keeps ids otherwise (pytest 9 with
-    # xdist 3.8) leaves them apart, and the real pair would load in two workers at once (over 20 GB): stop and say so.
+    # xdist 3.8) leaves them apart, and the real pair would load in several workers at once (over 20 GB): stop and
+    # say so.
     if getattr(session.config.option, "loadgroup", False):
         apart = [item.nodeid for item in session.items
-                 if loads_the_real_pair(item) and not item.nodeid.endswith("@real")]
+                 if loads_the_real_pair(item) and not item.nodeid.endswith(f"@{heavy_group(item)}")]
         if apart:
             raise pytest.UsageError(f"pytest-xdist did not group the real pair's tests ({apart[0]}, ...): use the "
                                     "pytest and pytest-xdist versions pyproject.toml pins")
