@@ -263,6 +263,16 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def kernel_threads(jobs: int) -> int:
+    """Each of `jobs` kernels' share of the cores, so they share them rather than fight over them: the cores this
+    process may use, or fewer where the caller set OMP_NUM_THREADS (a pytest worker's share, a shell's limit)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    if limit.isdigit() and int(limit) > 0:
+        cores = min(cores, int(limit))
+    return max(1, cores // jobs)
+
+
 def run_sweep(grid: Grid, jobs: int = 1, data_dir: str = "data", runs_dir: str = "runs",
               dry_run: bool = False) -> list[str]:
     """Run the points not yet in <data_dir>/<name>.csv, `jobs` at a time; return the failed points' ids."""
@@ -280,7 +290,7 @@ def run_sweep(grid: Grid, jobs: int = 1, data_dir: str = "data", runs_dir: str =
     check_kernel()
     os.makedirs(run_dir, exist_ok=True)
     figures = "figures_dir" in notebook_parameters(grid.notebook)
-    threads = str(max(1, (os.cpu_count() or 1) // jobs))  # N kernels share the cores instead of fighting over them
+    threads = str(kernel_threads(jobs))
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     failed, running = [], []
     with tqdm(total=len(todo), unit="point", desc=grid.name, disable=None) as bar, _sigterm_as_interrupt():

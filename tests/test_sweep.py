@@ -106,6 +106,16 @@ def test_jobs_must_be_at_least_one(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: jobs must be an integer >= 1")
 
 
+def test_kernels_share_the_cores_the_caller_allows(monkeypatch):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert sweep.kernel_threads(1) == cores and sweep.kernel_threads(cores + 1) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a pytest worker's share: its kernels must not take the others' cores
+    assert sweep.kernel_threads(1) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
+    assert sweep.kernel_threads(1) == cores
+
+
 def test_a_notebook_that_takes_figures_dir_saves_each_points_figures_beside_its_notebook(tmp_path):
     body = ("import os, pandas as pd\nos.makedirs(figures_dir, exist_ok=True)\n"
             "open(os.path.join(figures_dir, 'f.png'), 'w').write(str(x))\n"
