@@ -46,8 +46,8 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
 # Unit and statistical tests, and nbval (every notebook re-executed in order and compared with its stored outputs),
-# in one run spread over the cores by pytest-xdist: the real pair's tests and then the notebooks in one worker (one
-# real pair in memory at a time), the tiny-model tests in the others meanwhile (tests/conftest.py).
+# in one run spread over the cores by pytest-xdist: the real pair's tests in one worker and the notebooks in another,
+# side by side (two real pairs in memory), then the tiny-model tests in whichever is free (tests/conftest.py).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup \
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks

@@ -47,8 +47,8 @@ def heavy_group(item) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the test ids
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the real pair's tests run in one worker and the
-    # course in another, side by side: the two longest chains of work, which took 23 and 25 minutes, no longer queue
-    # one behind the other. Two real pairs fit in memory at once (the float32 weights are memory-mapped from one
+    # course in another, side by side: the two longest chains of work (21 and 20 minutes on the AVX2 machine) no longer
+    # queue one behind the other. Two real pairs fit in memory at once (the float32 weights are memory-mapped from one
     # cache, shared), and the cache's locks make one worker build the weights and time auto while the other waits
     # (ssd.files.cache_lock). xdist hands the largest groups out first; the tiny tests (one thread each) follow.
     for item in items:
@@ -58,8 +58,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     # xdist's loadgroup groups tests by a suffix it adds to their ids; a pytest that keeps ids otherwise (pytest 9 with
-    # xdist 3.8) leaves them apart, and the real pair would load in several workers at once (over 20 GB): stop and
-    # say so.
+    # xdist 3.8) leaves them apart: a notebook's cells would run in several kernels (each needs the cells before it)
+    # and every worker would load the real pair. Stop and say so.
     if getattr(session.config.option, "loadgroup", False):
         apart = [item.nodeid for item in session.items
                  if loads_the_real_pair(item) and not item.nodeid.endswith(f"@{heavy_group(item)}")]
