@@ -28,7 +28,8 @@ from .files import write_json
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability, device_name, kind_line, kind_of, machine_kind
-from .methods import parse_variant, resolve
+from .checks import parse_variant
+from .methods import resolve
 from .prompts import encode
 from .theory import measured_theorem7, theorem7_from_profile
 from .trace import ForwardClock, Trace

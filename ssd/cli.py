@@ -5,11 +5,12 @@ import argparse
 import os
 import sys
 
+from . import checks
 from .names import (AUTO, BACKUPS, DEFAULT_PAIR, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
                     PRECISION_CHOICES, STRATEGIES)
 
-# Only the names above load with the parser: --help and every argument error answer before torch does. The commands
-# (ssd.commands) import the kit when one runs.
+# Only the names and checks above load with the parser: --help and every argument error answer before torch does.
+# The commands (ssd.commands) import the kit when one runs.
 
 
 def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
@@ -132,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_arguments(args)
+    except ValueError as e:
+        return bad_input(e)
     from . import commands  # the kit (torch, transformers) loads only now, for a command that runs
     from .pair import ModelLoadError
     from .transport import PipelineError
@@ -139,11 +144,45 @@ def main(argv=None) -> int:
     try:
         return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args) or 0
     except (ValueError, ModelLoadError) as e:  # bad input, or a model that cannot be had: one clear line
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return bad_input(e)
     except PipelineError as e:  # the other rank died, hung or raised: the message already names the cause
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+def check_arguments(args) -> None:
+    """The kit's own checks of the values given (ssd.checks, which the configs run too), before the kit loads."""
+    if hasattr(args, "max_new_tokens"):  # generate, bench, hit-rates
+        checks.check_k(args.k)
+        checks.check_temperature(args.temperature)
+        checks.check_at_least(args.max_new_tokens, "max_new_tokens")
+        checks.check_unit(args.a_p, "a_p")
+        if args.threads is not None:
+            checks.check_at_least(args.threads, "threads")
+        if not checks.is_auto(args.budget):
+            checks.check_budget(args.budget)
+        checks.check_strategy(args.fan_out)
+        checks.check_saguaro_c(args.saguaro_c)
+        checks.check_backup(args.backup)
+        checks.check_r(args.r)
+    if hasattr(args, "batch_size"):  # and profile
+        checks.check_at_least(args.batch_size, "batch_size")
+    if hasattr(args, "target_dtype"):
+        checks.check_precision_name(args.target_dtype, "target_dtype")
+        checks.check_precision_name(args.draft_dtype, "draft_dtype")
+    if args.command == "generate":
+        checks.check_method(args.method)
+    elif args.command == "bench":
+        checks.parse_methods(args.methods)
+    elif args.command == "sweep":
+        checks.check_at_least(args.jobs, "jobs")
+    elif args.command == "profile":
+        checks.check_at_least(args.reps, "reps")
+
+
+def bad_input(error) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def one_line(error) -> str:

@@ -13,11 +13,11 @@ from . import bench, course, experiments, gpu_check, profile, sweep
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
-from .methods import get_method, parse_methods, parse_variant
+from .checks import check_at_least, check_strategy, parse_methods, parse_variant
+from .methods import get_method
 from .models import DEFAULT_PAIR, PAIRS, load_pair
-from .outcomes import check_strategy
 from .pipeline import PipelineConfig
-from .precision import capability_line, check_precision
+from .precision import capability_line
 from .prompts import Prompt, encode, first_turns, load_prompts
 from .ssd import SSDConfig
 from .transport import env_rank
@@ -31,16 +31,12 @@ def setup(args) -> tuple[object, SSDConfig]:
                             backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
                             drafter_cores=args.drafter_cores, batch_size=args.batch_size)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(check_at_least(args.threads, "threads"))
     return load(args), config
 
 
 def load(args):
     """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
-    check_precision(args.target_dtype, "target_dtype")  # bad input fails before minutes of loading
-    check_precision(args.draft_dtype, "draft_dtype")
     pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
     print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
     return pair
@@ -163,10 +159,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_profile(args) -> None:
-    if args.reps < 1:
-        raise ValueError(f"reps must be >= 1, got {args.reps}")
-    if args.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 (rows timed at once), got {args.batch_size}")
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")
     pair = load(args)

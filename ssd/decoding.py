@@ -19,7 +19,8 @@ import torch
 from .cached_model import CachedModel
 from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
-from .sampling import check_temperature, probs_from_logits, sample, uniforms
+from .checks import check_at_least, check_k, check_temperature, check_unit
+from .sampling import probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
 from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, is_auto, sd_tuner, with_latencies
 from .verify import Verdict, verify
@@ -37,15 +38,11 @@ class DecodeConfig:
     latencies: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        if not (is_auto(self.k) or (isinstance(self.k, int) and self.k >= 1)):
-            raise ValueError(f"k (the draft length K) must be an integer >= 1 or 'auto', got {self.k!r}")
-        if not (isinstance(self.a_p, (int, float)) and 0.0 <= self.a_p <= 1.0):
-            raise ValueError(f"a_p must lie in [0, 1], got {self.a_p!r}")
+        check_k(self.k)
+        check_unit(self.a_p, "a_p")
         self.temperature = check_temperature(self.temperature)
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        check_at_least(self.max_new_tokens, "max_new_tokens")
+        check_at_least(self.batch_size, "batch_size")
 
 
 def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:

@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from .checks import check_method, parse_variant
 from .decoding import batchable, generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
 from .ssd import generate_ssd
@@ -53,35 +54,7 @@ METHODS = {
 
 
 def get_method(name: str):
-    if name not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {name!r}")
-    return METHODS[name]
-
-
-VARIANT_FIELDS = ("k", "budget", "batch_size")  # integers, or "auto" (k and budget)
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    """'sd:k=2' -> ('sd', {'k': 2}); 'ssd:k=auto' -> ('ssd', {'k': 'auto'}); a plain name -> (name, {})."""
-    name, *settings = spec.split(":")
-    get_method(name)
-    overrides = {}
-    for setting in settings:
-        field, _, value = setting.partition("=")
-        if field not in VARIANT_FIELDS or not value:
-            raise ValueError(f"method variant {spec!r}: each setting after the method must be FIELD=VALUE with FIELD "
-                             f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
-        if field == "batch_size" and value == "auto":
-            raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
-        overrides[field] = value if value == "auto" else _integer(value, spec)
-    return name, overrides
-
-
-def _integer(value: str, spec: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"method variant {spec!r}: {value!r} is neither an integer nor 'auto'") from None
+    return METHODS[check_method(name)]
 
 
 def resolve(spec: str, config):
@@ -91,15 +64,3 @@ def resolve(spec: str, config):
     if missing:
         raise ValueError(f"method variant {spec!r} sets {', '.join(missing)}, which a {type(config).__name__} lacks")
     return get_method(name), dataclasses.replace(config, **overrides) if overrides else config
-
-
-def parse_methods(spec: str) -> list[str]:
-    """'ar,sd,sd:k=2' -> ['ar', 'sd', 'sd:k=2'], each checked."""
-    names = [m.strip() for m in spec.split(",") if m.strip()]
-    if not names:
-        raise ValueError("methods is empty: give a comma-separated list such as ar,sd")
-    for name in names:
-        parse_variant(name)
-    if len(set(names)) < len(names):
-        raise ValueError(f"methods names one twice: {spec!r}")
-    return names

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .names import STRATEGIES
+from .checks import check_budget, check_strategy
 
 KINDS = ("recovered", "bonus")  # positions k < K, where a drafted token was rejected, and k = K, all accepted
 
@@ -31,18 +31,6 @@ KINDS = ("recovered", "bonus")  # positions k < K, where a drafted token was rej
 def position_kind(k: int, draft_len: int) -> str:
     """The kind of position an outcome with k of draft_len tokens accepted sits at."""
     return "bonus" if k == draft_len else "recovered"
-
-
-def check_budget(budget: int) -> int:
-    if not (isinstance(budget, int) and budget >= 0):
-        raise ValueError(f"budget (B, the number of cached outcomes) must be an integer >= 0, got {budget!r}")
-    return budget
-
-
-def check_strategy(strategy: str) -> str:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"fan_out_strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
-    return strategy
 
 
 def largest_remainder(total: int, weights) -> list[int]:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .names import PRECISION_CHOICES as CHOICES, PRECISIONS
+from .checks import check_precision_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MARGIN = 0.10  # a reduced-precision target must verify at least 10% faster than float32 to be chosen
@@ -48,12 +48,9 @@ NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"), "float16": ("avx512_f
 
 def check_precision(value, parameter: str = "dtype", allow_auto: bool = True) -> str:
     """The precision's name, or a ValueError naming the parameter and what is allowed."""
-    allowed = CHOICES if allow_auto else PRECISIONS
     if isinstance(value, torch.dtype):
         value = next((name for name, d in DTYPES.items() if d == value), str(value))
-    if value not in allowed:
-        raise ValueError(f"{parameter} must be one of {', '.join(allowed)}; got {value!r}")
-    return value
+    return check_precision_name(value, parameter, allow_auto)
 
 
 # ---- what the machine supports -------------------------------------------------------------------------------------

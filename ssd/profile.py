@@ -43,6 +43,7 @@ from transformers import DynamicCache
 
 from . import tree  # the tree is timed as SSD drafts it (tree.draft_tree, looked up at each call)
 from .cached_model import CachedModel
+from .checks import check_at_least
 from .cores import check_cores, pinned
 from .devices import synchronize
 from .files import atomic_path, cache_dir
@@ -253,8 +254,7 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
     """Time the target on the verifier's cores and the draft on the drafter's, one after the other, each pass over
     batch_size rows."""
     v_cores, d_cores = check_cores(verifier_cores, "verifier_cores"), check_cores(drafter_cores, "drafter_cores")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_at_least(batch_size, "batch_size")
     if context + max(max(tokens), TREE_DEPTHS * max(rows)) > pair.max_context:
         raise ValueError(f"context={context} plus the largest pass does not fit the pair's {pair.max_context} tokens")
     bar = tqdm(total=2 * len(tokens) + len(rows), desc="profile", disable=not progress)

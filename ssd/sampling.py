@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import torch
 
-
-def check_temperature(temperature: float) -> float:
-    if not (isinstance(temperature, (int, float)) and temperature >= 0 and temperature == temperature):
-        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
-    return float(temperature)
+from .checks import check_temperature
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -78,12 +74,6 @@ def one_hot(tokens: torch.Tensor | list[int], vocab_size: int, device=None) -> t
     Made on `device` (default: the CPU, or where tokens are), where verify reads it."""
     tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
     return torch.nn.functional.one_hot(tokens, vocab_size).float()
-
-
-def check_saguaro_c(c: float) -> float:
-    if not (isinstance(c, (int, float)) and 0.0 <= c <= 1.0):
-        raise ValueError(f"saguaro_c (C) must lie in [0, 1] (1 = plain sampling), got {c!r}")
-    return float(c)
 
 
 def saguaro(q: torch.Tensor, covered: torch.Tensor, c: float) -> torch.Tensor:

@@ -23,10 +23,10 @@ import torch
 from .cache import SpeculationCache
 from .cached_model import CachedModel
 from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
-from .outcomes import Calibrator, allocate, candidates, check_budget, check_strategy, rank_of
+from .checks import check_at_least, check_backup, check_budget, check_r, check_saguaro_c, check_strategy
+from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
-from .sampling import check_saguaro_c, uniforms
-from .names import BACKUPS
+from .sampling import uniforms
 from .trace import SSDRound, Stopwatch
 from .tuning import carried_calibrator, is_auto, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
@@ -51,12 +51,9 @@ class SSDConfig(DecodeConfig):
             check_budget(self.budget)
         check_strategy(self.fan_out_strategy)
         self.saguaro_c = check_saguaro_c(self.saguaro_c)
-        if self.backup not in BACKUPS:
-            raise ValueError(f"backup must be one of {', '.join(BACKUPS)}; got {self.backup!r}")
-        if not self.r > 0:
-            raise ValueError(f"r must be > 0, got {self.r}")
-        if not (isinstance(self.ngram, int) and self.ngram >= 1):
-            raise ValueError(f"ngram must be an integer >= 1, got {self.ngram!r}")
+        check_backup(self.backup)
+        check_r(self.r)
+        check_at_least(self.ngram, "ngram")
 
 
 def check_ssd_config(config, method: str = "ssd") -> None:

@@ -42,6 +42,7 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
+from .checks import check_at_least
 from .files import write_csv
 
 KEYS = ("name", "notebook", "parameters", "grid")
@@ -276,8 +277,7 @@ def kernel_threads(jobs: int) -> int:
 def run_sweep(grid: Grid, jobs: int = 1, data_dir: str = "data", runs_dir: str = "runs",
               dry_run: bool = False) -> list[str]:
     """Run the points not yet in <data_dir>/<name>.csv, `jobs` at a time; return the failed points' ids."""
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    check_at_least(jobs, "jobs")
     data_csv = os.path.join(data_dir, f"{grid.name}.csv")
     run_dir = os.path.abspath(os.path.join(runs_dir, grid.name))  # the kernel runs in the notebook's folder
     done, every = done_ids(data_csv), grid.points()

@@ -38,7 +38,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .names import AUTO
+from .checks import is_auto
 from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import expected_tokens, theorem7_from_profile
 
@@ -135,10 +135,6 @@ def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD
 
 
 # ---- in a run ------------------------------------------------------------------------------------------------------
-
-
-def is_auto(value) -> bool:
-    return isinstance(value, str) and value == AUTO
 
 
 def on_auto(config) -> bool:

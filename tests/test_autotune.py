@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from ssd import bench, experiments, plots, tuning
+from ssd.checks import parse_methods, parse_variant
 from ssd.cli import main
 from ssd.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
-from ssd.methods import parse_methods, parse_variant, resolve
+from ssd.methods import resolve
 from ssd.models import tiny_pair
 from ssd.outcomes import Calibrator
 from ssd.precision import kind_line, kind_of, machine_kind

@@ -11,7 +11,8 @@ from ssd.bench import run_bench, summarize
 from ssd.cached_model import CachedModel
 from ssd.decoding import DecodeConfig, generate_ar
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
-from ssd.methods import METHODS, parse_variant
+from ssd.checks import parse_variant
+from ssd.methods import METHODS
 from ssd.models import tiny_pair
 from ssd.pair import Pair
 from ssd.pipeline import PipelineConfig, close_pipelines

@@ -20,7 +20,7 @@ from ssd.prompts import load_prompts, prompt_set
         (["generate", "--prompt", "x", "--backup", "slow"], "backup must be one of jit, fast"),
         (["bench", "--methods", "ar,beam"], "method must be one of"),
         (["bench", "--prompts", "mbpp:3"], "prompts must be one of humaneval, prose"),
-        (["bench", "--threads", "0"], "threads must be >= 1"),
+        (["bench", "--threads", "0"], "threads must be an integer >= 1"),
         (["generate", "--prompt", "x", "--pair", "nope"], "pair 'nope' is not known"),
         (["hit-rates", "--saguaro-c", "0.5"], "exact only with --backup jit and --saguaro-c 1"),
     ],
@@ -107,20 +107,30 @@ def test_the_bench_command_writes_csv_and_json_and_leaves_no_checkpoint(tmp_path
 
 
 def test_help_and_argument_errors_answer_before_torch_loads():
-    """`python -m ssd --help` and an argument error import neither torch nor transformers: they answer at once
-    (the kit loads in ssd.commands, when a command runs)."""
+    """`python -m ssd --help` and every argument error, of form or of value, import neither torch nor transformers:
+    they answer at once (the kit loads in ssd.commands, when a command runs), a value error in the kit's own words."""
     import subprocess
     import sys
 
     probe = ("import sys, contextlib, io\n"
              "from ssd import cli\n"
-             "for argv in (['--help'], ['bench', '--k', 'x']):\n"
+             "for argv in (['--help'], ['bench', '--k', 'x'], ['bench', '--max-new-tokens', '0'],\n"
+             "             ['bench', '--methods', 'ar,sd:k=two'], ['generate', '--prompt', 'x', '--backup', 'slow'],\n"
+             "             ['profile', '--target-dtype', 'int4'], ['sweep', 'grid.yaml', '--jobs', '0']):\n"
+             "    err = io.StringIO()\n"
              "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), "
-             "contextlib.redirect_stderr(io.StringIO()):\n"
+             "contextlib.redirect_stderr(err):\n"
              "        cli.main(argv)\n"
+             "    print(err.getvalue().strip().splitlines()[-1] if err.getvalue() else '')\n"
              "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]", out
+    lines = out.splitlines()  # --help writes nothing to stderr: its line is empty
+    assert lines[-1] == "[]", out
+    assert lines[2:-1] == ["error: max_new_tokens must be an integer >= 1, got 0",
+                           "error: method variant 'sd:k=two': 'two' is neither an integer nor 'auto'",
+                           "error: backup must be one of jit, fast; got 'slow'",
+                           "error: target_dtype must be one of float32, bfloat16, float16, int8, auto; got 'int4'",
+                           "error: jobs must be an integer >= 1, got 0"], out
 
 
 def test_the_names_the_parser_offers_are_the_kits_own():

@@ -175,7 +175,7 @@ def test_cli_profile_writes_json_and_a_figure(tmp_path, capsys):
 
 def test_cli_profile_rejects_bad_input(capsys):
     assert main(["profile", "--pair", "tiny", "--reps", "0"]) == 2
-    assert "reps must be >= 1" in capsys.readouterr().err
+    assert "reps must be an integer >= 1" in capsys.readouterr().err
     assert main(["profile", "--pair", "tiny", "--target-dtype", "fp8"]) == 2
     assert "target_dtype must be one of" in capsys.readouterr().err
 
@@ -237,4 +237,4 @@ def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
     assert "batch size 2" in capsys.readouterr().out
     assert main(["profile", "--pair", "tiny", "--batch-size", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "batch_size must be >= 1" in err and "\n" not in err
+    assert "batch_size must be an integer >= 1" in err and "\n" not in err

@@ -153,7 +153,7 @@ def test_a_sweep_records_every_point_once_with_its_parameters(swept):
     assert (frame.y // 10 == frame.x).all()
     assert list(frame.columns).count("label") == 1 and set(frame.label) == {"B"}  # the notebook's column wins
     assert set(frame.python) == {sys.executable}  # the kernel is this environment's python
-    assert set(frame.omp) == {max(1, os.cpu_count() // 1)}
+    assert set(frame.omp) == {sweep.kernel_threads(1)}  # the kernel ran at the share it was given
     assert set(frame.slept) == {1e-5} and set(frame.sleep_s) == {1e-5}  # a float, not the string "1e-05"
     runs = directory / "runs" / "demo"
     assert sorted(os.listdir(runs)) == sorted([f"{i}.ipynb" for i in ids] + [f"{i}.csv" for i in ids])
@@ -171,7 +171,7 @@ def test_two_jobs_give_the_same_rows(swept, tmp_path):
     directory, grid = swept
     assert sweep.run_sweep(grid, jobs=2, **dirs(tmp_path)) == []
     one, two = data(directory), data(tmp_path)
-    assert set(two.omp) == {max(1, os.cpu_count() // 2)}
+    assert set(two.omp) == {sweep.kernel_threads(2)}
     key = ["point_id", "row"]
     pd.testing.assert_frame_equal(one.drop(columns="omp").sort_values(key).reset_index(drop=True),
                                   two.drop(columns="omp").sort_values(key).reset_index(drop=True))

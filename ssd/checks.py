@@ -1,0 +1,118 @@
+"""The checks of the values a user gives (the configs' fields, the command line's arguments, the bench's method
+variants): each returns the value or raises a one-line ValueError naming the parameter and what it allows.
+
+Free of torch (it imports only ssd.names), so the command line runs the same checks as the configs before the kit
+loads: every argument error answers at once.
+"""
+from __future__ import annotations
+
+from .names import AUTO, BACKUPS, METHOD_NAMES, PRECISION_CHOICES, PRECISIONS, STRATEGIES
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value == AUTO
+
+
+def check_choice(value, name: str, allowed) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def check_strategy(strategy: str) -> str:
+    return check_choice(strategy, "fan_out_strategy", STRATEGIES)
+
+
+def check_backup(backup: str) -> str:
+    return check_choice(backup, "backup", BACKUPS)
+
+
+def check_method(name: str) -> str:
+    return check_choice(name, "method", METHOD_NAMES)
+
+
+def check_precision_name(value, parameter: str = "dtype", allow_auto: bool = True) -> str:
+    return check_choice(value, parameter, PRECISION_CHOICES if allow_auto else PRECISIONS)
+
+
+def check_at_least(value, name: str, least: int = 1) -> int:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def check_k(k):
+    if not (is_auto(k) or (isinstance(k, int) and k >= 1)):
+        raise ValueError(f"k (the draft length K) must be an integer >= 1 or 'auto', got {k!r}")
+    return k
+
+
+def check_unit(value, name: str) -> float:
+    """A rate or probability: a number in [0, 1]."""
+    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return value
+
+
+def check_temperature(temperature: float) -> float:
+    if not (isinstance(temperature, (int, float)) and temperature >= 0 and temperature == temperature):
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    return float(temperature)
+
+
+def check_budget(budget: int) -> int:
+    if not (isinstance(budget, int) and budget >= 0):
+        raise ValueError(f"budget (B, the number of cached outcomes) must be an integer >= 0, got {budget!r}")
+    return budget
+
+
+def check_saguaro_c(c: float) -> float:
+    if not (isinstance(c, (int, float)) and 0.0 <= c <= 1.0):
+        raise ValueError(f"saguaro_c (C) must lie in [0, 1] (1 = plain sampling), got {c!r}")
+    return float(c)
+
+
+def check_r(r: float) -> float:
+    if not (isinstance(r, (int, float)) and r > 0):
+        raise ValueError(f"r must be > 0, got {r!r}")
+    return r
+
+
+# ---- the bench's method variants -------------------------------------------------------------------------------------
+
+VARIANT_FIELDS = ("k", "budget", "batch_size")  # integers, or "auto" (k and budget)
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """'sd:k=2' -> ('sd', {'k': 2}); 'ssd:k=auto' -> ('ssd', {'k': 'auto'}); a plain name -> (name, {})."""
+    name, *settings = spec.split(":")
+    check_method(name)
+    overrides = {}
+    for setting in settings:
+        field, _, value = setting.partition("=")
+        if field not in VARIANT_FIELDS or not value:
+            raise ValueError(f"method variant {spec!r}: each setting after the method must be FIELD=VALUE with FIELD "
+                             f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
+        if field == "batch_size" and value == "auto":
+            raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
+        overrides[field] = value if value == "auto" else _integer(value, spec)
+    return name, overrides
+
+
+def _integer(value: str, spec: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"method variant {spec!r}: {value!r} is neither an integer nor 'auto'") from None
+
+
+def parse_methods(spec: str) -> list[str]:
+    """'ar,sd,sd:k=2' -> ['ar', 'sd', 'sd:k=2'], each checked."""
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise ValueError("methods is empty: give a comma-separated list such as ar,sd")
+    for name in names:
+        parse_variant(name)
+    if len(set(names)) < len(names):
+        raise ValueError(f"methods names one twice: {spec!r}")
+    return names
