@@ -10,10 +10,10 @@ import pandas as pd
 import torch
 
 from . import bench, course, experiments, gpu_check, profile, sweep
+from .checks import check_at_least, check_strategy, parse_methods, parse_variant
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
-from .checks import check_at_least, check_strategy, parse_methods, parse_variant
 from .methods import get_method
 from .models import DEFAULT_PAIR, PAIRS, load_pair
 from .pipeline import PipelineConfig

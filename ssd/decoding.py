@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .cached_model import CachedModel
+from .checks import check_at_least, check_k, check_temperature, check_unit
 from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
-from .checks import check_at_least, check_k, check_temperature, check_unit
 from .sampling import probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
 from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, is_auto, sd_tuner, with_latencies
