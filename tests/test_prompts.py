@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssd import DecodeConfig, generate_ar, tiny_pair
+from ssd import DecodeConfig, checks, generate_ar, tiny_pair
 from ssd.decoding import batchable
 from ssd.bench import load_rows, run_bench
 from ssd.cli import main
@@ -118,6 +118,7 @@ def test_each_method_answers_turn_two_after_its_own_answer_to_turn_one(monkeypat
         return [tokens], [trace]
 
     monkeypatch.setitem(METHODS, "other", other)
+    monkeypatch.setattr(checks, "METHOD_NAMES", checks.METHOD_NAMES + ("other",))  # the names a user may give
     rows = run_bench(pair, [prompt], ["ar", "other"], config, progress=False)["rows"]
     greedy = lambda ids: generate_ar(pair, ids, config, torch.Generator().manual_seed(0))[0]  # noqa: E731
     ar1 = greedy(turn1)
