@@ -78,6 +78,28 @@ def check_r(r: float) -> float:
     return r
 
 
+# ---- a config's fields: DecodeConfig and SSDConfig check them, and the command line before the kit loads --------------
+
+
+def check_decoding(k, a_p, temperature, max_new_tokens, batch_size) -> None:
+    """DecodeConfig's fields."""
+    check_k(k)
+    check_unit(a_p, "a_p")
+    check_temperature(temperature)
+    check_at_least(max_new_tokens, "max_new_tokens")
+    check_at_least(batch_size, "batch_size")
+
+
+def check_ssd(budget, fan_out_strategy, saguaro_c, backup, r) -> None:
+    """SSDConfig's own fields that the command line sets too (budget may be 'auto')."""
+    if not is_auto(budget):
+        check_budget(budget)
+    check_strategy(fan_out_strategy)
+    check_saguaro_c(saguaro_c)
+    check_backup(backup)
+    check_r(r)
+
+
 # ---- the bench's method variants -------------------------------------------------------------------------------------
 
 VARIANT_FIELDS = ("k", "budget", "batch_size")  # integers, or "auto" (k and budget)

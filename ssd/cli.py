@@ -152,21 +152,11 @@ def main(argv=None) -> int:
 
 def check_arguments(args) -> None:
     """The kit's own checks of the values given (ssd.checks, which the configs run too), before the kit loads."""
-    if hasattr(args, "max_new_tokens"):  # generate, bench, hit-rates
-        checks.check_k(args.k)
-        checks.check_temperature(args.temperature)
-        checks.check_at_least(args.max_new_tokens, "max_new_tokens")
-        checks.check_unit(args.a_p, "a_p")
+    if hasattr(args, "max_new_tokens"):  # generate, bench, hit-rates: the fields of the config they build
+        checks.check_decoding(args.k, args.a_p, args.temperature, args.max_new_tokens, args.batch_size)
+        checks.check_ssd(args.budget, args.fan_out, args.saguaro_c, args.backup, args.r)
         if args.threads is not None:
             checks.check_at_least(args.threads, "threads")
-        if not checks.is_auto(args.budget):
-            checks.check_budget(args.budget)
-        checks.check_strategy(args.fan_out)
-        checks.check_saguaro_c(args.saguaro_c)
-        checks.check_backup(args.backup)
-        checks.check_r(args.r)
-    if hasattr(args, "batch_size"):  # and profile
-        checks.check_at_least(args.batch_size, "batch_size")
     if hasattr(args, "target_dtype"):
         checks.check_precision_name(args.target_dtype, "target_dtype")
         checks.check_precision_name(args.draft_dtype, "draft_dtype")
@@ -178,6 +168,7 @@ def check_arguments(args) -> None:
         checks.check_at_least(args.jobs, "jobs")
     elif args.command == "profile":
         checks.check_at_least(args.reps, "reps")
+        checks.check_at_least(args.batch_size, "batch_size")
 
 
 def bad_input(error) -> int:

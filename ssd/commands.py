@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from . import bench, course, experiments, gpu_check, profile, sweep
-from .checks import check_at_least, check_strategy, parse_methods, parse_variant
+from .checks import check_strategy, parse_methods, parse_variant
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
@@ -30,8 +30,8 @@ def setup(args) -> tuple[object, SSDConfig]:
                             budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
                             backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
                             drafter_cores=args.drafter_cores, batch_size=args.batch_size)
-    if args.threads is not None:
-        torch.set_num_threads(check_at_least(args.threads, "threads"))
+    if args.threads is not None:  # checked with the other arguments (cli.check_arguments)
+        torch.set_num_threads(args.threads)
     return load(args), config
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cached_model import CachedModel
-from .checks import check_at_least, check_k, check_temperature, check_unit
+from .checks import check_decoding
 from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import probs_from_logits, sample, uniforms
@@ -38,11 +38,8 @@ class DecodeConfig:
     latencies: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        check_k(self.k)
-        check_unit(self.a_p, "a_p")
-        self.temperature = check_temperature(self.temperature)
-        check_at_least(self.max_new_tokens, "max_new_tokens")
-        check_at_least(self.batch_size, "batch_size")
+        check_decoding(self.k, self.a_p, self.temperature, self.max_new_tokens, self.batch_size)
+        self.temperature = float(self.temperature)
 
 
 def check_prompt(pair, prompt_ids, config: DecodeConfig) -> list[int]:

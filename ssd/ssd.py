@@ -23,12 +23,12 @@ import torch
 from .cache import SpeculationCache
 from .cached_model import CachedModel
 from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
-from .checks import check_at_least, check_backup, check_budget, check_r, check_saguaro_c, check_strategy
+from .checks import check_at_least, check_ssd, check_strategy
 from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from .sampling import uniforms
 from .trace import SSDRound, Stopwatch
-from .tuning import carried_calibrator, is_auto, on_auto, ssd_tuner, with_latencies
+from .tuning import carried_calibrator, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
@@ -47,13 +47,9 @@ class SSDConfig(DecodeConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not is_auto(self.budget):
-            check_budget(self.budget)
-        check_strategy(self.fan_out_strategy)
-        self.saguaro_c = check_saguaro_c(self.saguaro_c)
-        check_backup(self.backup)
-        check_r(self.r)
+        check_ssd(self.budget, self.fan_out_strategy, self.saguaro_c, self.backup, self.r)
         check_at_least(self.ngram, "ngram")
+        self.saguaro_c = float(self.saguaro_c)
 
 
 def check_ssd_config(config, method: str = "ssd") -> None:

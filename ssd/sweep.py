@@ -267,6 +267,7 @@ def _sigterm_as_interrupt():
 def kernel_threads(jobs: int) -> int:
     """Each of `jobs` kernels' share of the cores, so they share them rather than fight over them: the cores this
     process may use, or fewer where the caller set OMP_NUM_THREADS (a pytest worker's share, a shell's limit)."""
+    # As cores.available_cores counts them; that module imports torch, which a sweep's parent never needs.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     limit = os.environ.get("OMP_NUM_THREADS", "")
     if limit.isdigit() and int(limit) > 0:
