@@ -313,9 +313,9 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
         fixed = config is not None and resolve(name, config)[1]
-        if profile is not None and fixed and not on_auto(fixed):
+        if profile is not None and fixed and _priced_by(profile, fixed):
             ssd.update(theorem7_from_profile(profile, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
-                                             ssd["e_miss"], fixed.backup))
+                                             ssd["e_miss"], fixed.backup, ssd["all_hit"]))
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
     return summary
@@ -419,14 +419,21 @@ def _is_ssd(method: str) -> bool:
     return parse_variant(method)[0] in ("ssd", "ssd-pipeline")
 
 
+def _priced_by(profile, config) -> bool:
+    """Whether the profile's latencies are those of this config's rounds: K and B fixed (on auto they change from
+    round to round), and the profile timed at the config's batch size (its passes cost what a round of b rows
+    costs; a b = 1 profile would price a batched round as one sequence's)."""
+    return not on_auto(config) and profile.batch_size == config.batch_size
+
+
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
-    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rate and tokens (None
-    where K or B was on auto and so changed from round to round)."""
-    if on_auto(config):
+    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rates and tokens (None
+    where the profile does not price these rounds: ``_priced_by``)."""
+    if not _priced_by(profile, config):
         return None
     own = measured_theorem7(rounds)
     return theorem7_from_profile(profile, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
-                                 config.backup)["profile_tokens_per_s"]
+                                 config.backup, own["all_hit"])["profile_tokens_per_s"]
 
 
 def _differences(g: pd.DataFrame) -> dict:

@@ -1,5 +1,12 @@
-"""Closed forms: tokens per round, SD's speedup, Theorem 7 for SSD, and Theorem 7 fed by a measured trace."""
+"""Closed forms: tokens per round, SD's speedup, Theorem 7 for SSD, and Theorem 7 fed by a measured trace.
+
+At batch size b every form counts tokens per sequence and time per round of the batch: a round is free of drafting
+only when every sequence hit (the all-hit rate, about p_hit^b), so the forms that charge a miss take ``all_hit``
+beside ``p_hit`` (None: one sequence, where the two are one rate).
+"""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -15,17 +22,27 @@ def sd_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens(a, k) / (c * k + v)
 
 
-def theorem7_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float) -> float:
+def all_hit_rate(p_hit: float, b: int) -> float:
+    """p_hit^b: how often every one of b sequences hits, if their hits are independent (a measured all-hit rate
+    departs from it where they are not: prompts of one kind hit and miss together)."""
+    return p_hit**b
+
+
+def theorem7_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float,
+                     all_hit: float | None = None) -> float:
     """Theorem 7: SSD over autoregressive, latencies in units of one target verify pass.
 
     [p_hit E_hit + (1 - p_hit) E_miss] / [p_hit max(1, T_p) + (1 - p_hit)(1 + T_b)]: after a hit the next draft is
     ready as soon as both the verify pass and the pre-speculation (T_p) end; after a miss the backup (T_b) drafts
-    after the verify pass.
+    after the verify pass. At batch size b the round waits for the backup unless every sequence hit, so the
+    denominator's weights are the all-hit rate (PAPER.md's batch form, with p_hit^b measured rather than assumed).
     """
-    return (p_hit * e_hit + (1 - p_hit) * e_miss) / (p_hit * max(1.0, t_p) + (1 - p_hit) * (1 + t_b))
+    free = p_hit if all_hit is None else all_hit
+    return (p_hit * e_hit + (1 - p_hit) * e_miss) / (free * max(1.0, t_p) + (1 - free) * (1 + t_b))
 
 
-def pipelined_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float) -> float:
+def pipelined_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float,
+                      all_hit: float | None = None) -> float:
     """Theorem 7 for a drafter that finishes its pre-speculation before it reads the outcome, as ``ssd.protocol``'s
     does: a miss then waits for it too.
 
@@ -33,8 +50,36 @@ def pipelined_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b
     ``theorem7_speedup``; beyond, a miss costs max(1, T_p) + T_b verify passes, where Theorem 7 charges 1 + T_b as if
     the drafter left its tree the moment the outcome came. Over the pipeline's (K, B) grid on 16 HumanEval prompts,
     measured over predicted stayed as even past T_p = 1 as below it with this form; Theorem 7 ran up to 8% high there.
+    At batch size b the backup's wait is charged to every round in which some sequence missed: (1 - all_hit) T_b.
     """
-    return (p_hit * e_hit + (1 - p_hit) * e_miss) / (max(1.0, t_p) + (1 - p_hit) * t_b)
+    waits = 1 - (p_hit if all_hit is None else all_hit)
+    return (p_hit * e_hit + (1 - p_hit) * e_miss) / (max(1.0, t_p) + waits * t_b)
+
+
+def critical_batch_size(p_hit: float, e_hit: float, e_miss_jit: float, e_miss_fast: float, t_p: float,
+                        t_b: float) -> int | None:
+    """b*: the smallest batch size at which the fast backup's pipelined tokens per verify pass reach the jit
+    backup's, with the latencies held at these values (a profile at each b moves them; compare the two predictions
+    there for the full picture). None: the jit backup stays ahead at every b.
+
+    With N = p_hit E_hit + (1 - p_hit) E_miss for each backup and M = max(1, T_p), the fast backup (nothing to wait
+    for, fewer tokens after a miss) is ahead once N_fast / M >= N_jit / (M + (1 - p_hit^b) T_b), that is once
+    1 - p_hit^b >= theta = M (N_jit - N_fast) / (N_fast T_b): the round waits more often as b grows, and the jit
+    backup's extra tokens stop paying for it. This is the paper's Theorem 17 (a critical b* exists; the draft model
+    is the better backup below it) in the form of this kit's pipeline.
+    """
+    n_jit = p_hit * e_hit + (1 - p_hit) * e_miss_jit
+    n_fast = p_hit * e_hit + (1 - p_hit) * e_miss_fast
+    if n_fast >= n_jit:
+        return 1  # the fast backup gives as many tokens and never waits
+    if t_b <= 0 or n_fast <= 0:
+        return None  # a jit backup that costs nothing, or a fast one that gives nothing
+    theta = max(1.0, t_p) * (n_jit - n_fast) / (n_fast * t_b)
+    if theta >= 1:
+        return None  # even a round that always waits is worth the jit draft's extra tokens
+    if p_hit <= 0:
+        return 1  # every round waits from b = 1 on
+    return max(1, math.ceil(math.log(1 - theta) / math.log(p_hit) - 1e-12))
 
 
 def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> dict:
@@ -44,7 +89,9 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
     pre-speculation and backup times over the mean verify time of rounds after the first (whose pass also processes
     the prompt). The theorem counts time in verify passes, which on
     a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
-    is rescaled by ar_step_s / verify_s.
+    is rescaled by ar_step_s / verify_s. Rounds of a batch (one row per round and sequence, each sequence's rounds
+    together) carry ``all_hit``, whether every sequence hit that round: its mean is the all-hit rate the
+    denominator needs (the hit rate where the column is missing, as in frames stored before batches).
     """
     previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
     # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.
@@ -59,13 +106,16 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
         "t_b": float(backups.mean() / verify_s) if len(backups) else 0.0,
         "verify_s": float(verify_s),
     }
-    out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"])
+    known = rounds["all_hit"].dropna() if "all_hit" in rounds else ()
+    out["all_hit"] = float(known.astype(bool).mean()) if len(known) else out["p_hit"]
+    out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"],
+                                                out["all_hit"])
     out["predicted_speedup_vs_ar"] = out["tokens_per_verify"] * ar_step_s / verify_s if ar_step_s else None
     return out
 
 
 def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: float, e_miss: float,
-                          backup: str = "jit") -> dict:
+                          backup: str = "jit", all_hit: float | None = None) -> dict:
     """Theorem 7 with its latencies read off a latency profile (ssd.profile) instead of the run's own rounds, in the
     form of this kit's pipeline (``pipelined_speedup``: the drafter finishes pre-speculating before a miss's backup).
 
@@ -73,12 +123,14 @@ def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: flo
     hit is SSD's glue step (the draft's logits after t* and the K cached tokens) and K depths of the tree over B
     branch rows on the drafter's cores (T_p); a jit backup is K one-token draft steps (T_b), a fast backup costs
     nothing. The hit rate and tokens per round come from the run.
-    Returns T_p, T_b, tokens per verify pass and the steady-state tokens/s they predict (no prompt pass included:
-    hold it against decode tokens/s).
+    A profile at batch size b (``profile.batch_size``: every curve timed over b rows) prices a round of b sequences:
+    all_hit is then the rate at which all of them hit (None: p_hit, one sequence), and tokens/s is the batch's total.
+    Returns T_p, T_b, tokens per verify pass per sequence and the steady-state tokens/s they predict (no prompt pass
+    included: hold it against decode tokens/s).
     """
     verify_ms = profile.target_at(k + 1)
     t_p = (profile.glue_at(k + 1) + k * profile.draft_at(max(budget, 1))) / verify_ms
     t_b = k * profile.draft_at(1) / verify_ms if backup == "jit" else 0.0
-    per_verify = pipelined_speedup(p_hit, e_hit, e_miss, t_p, t_b)
+    per_verify = pipelined_speedup(p_hit, e_hit, e_miss, t_p, t_b, all_hit)
     return {"profile_t_p": t_p, "profile_t_b": t_b, "profile_tokens_per_verify": per_verify,
-            "profile_tokens_per_s": per_verify / verify_ms * 1000}
+            "profile_tokens_per_s": profile.batch_size * per_verify / verify_ms * 1000}

@@ -4,13 +4,15 @@ import dataclasses
 import json
 import os
 
+import pandas as pd
 import pytest
 
-from ssd import experiments
+from ssd import bench, experiments
 from ssd import profile as prof
 from ssd.cli import main
 from ssd.models import load_pair
 from ssd.profile import Profile, cached_profile, forward_ms, measure
+from ssd.ssd import SSDConfig
 from ssd.theory import sd_speedup, theorem7_from_profile, theorem7_speedup
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -150,6 +152,34 @@ def test_theorem7_from_a_profile():
     glue = theorem7_from_profile(synthetic_profile(pass_ms=70.0), k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0)
     assert glue["profile_t_p"] == pytest.approx((70 + 4 * 80) / 400)  # after a hit the glue feeds t* and K tokens
     assert glue["profile_t_b"] == pytest.approx(4 * 50 / 400)
+
+
+def test_theorem7_from_a_profile_at_batch_size_b():
+    """A profile at b prices a round of b sequences: the batch's tokens/s, the backup charged unless all hit."""
+    one = theorem7_from_profile(synthetic_profile(), k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0)
+    batch = dataclasses.replace(synthetic_profile(), batch_size=4)
+    same = theorem7_from_profile(batch, k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0, all_hit=0.7)
+    assert same["profile_tokens_per_s"] == pytest.approx(4 * one["profile_tokens_per_s"])
+    waits = theorem7_from_profile(batch, k=4, budget=4, p_hit=0.7, e_hit=4.0, e_miss=3.0, all_hit=0.7**4)
+    assert waits["profile_tokens_per_verify"] == pytest.approx(3.7 / (1 + (1 - 0.7**4) * waits["profile_t_b"]))
+
+
+def test_the_bench_prices_a_method_only_with_a_profile_at_its_batch_size():
+    rows = pd.DataFrame({"method": ["ar", "ssd", "ssd:batch_size=2", "ssd:batch_size=2"],
+                         "prompt_id": ["p", "p", "p", "q"], "new_tokens": [10] * 4, "wall_s": [5.0, 2.0, 3.0, 3.0],
+                         "batch_size": [1, 1, 2, 2], "drafted": [0, 8, 8, 8], "accepted": [0, 6, 6, 6],
+                         "rounds": [10, 4, 4, 4], "identical_to_target": [True] * 4, "prefill_s": [1.0] * 4})
+    rounds = pd.concat([pd.DataFrame({"method": m, "round": [0, 1, 2], "hit": [False, True, True],
+                                      "new_tokens": [2, 4, 4], "verify_s": [2.0, 0.4, 0.4], "prespec_s": [0.1] * 3,
+                                      "draft_s": [0.2, 0.0, 0.0], "backup": ["jit", None, None]})
+                        for m in ("ssd", "ssd:batch_size=2", "ssd:batch_size=2")])
+    config = SSDConfig(k=4, budget=4)
+    summary = {s["method"]: s for s in bench.summarize(rows, rounds, synthetic_profile(), config)}
+    assert summary["ssd"]["profile_tokens_per_s"] > 0
+    assert "profile_tokens_per_s" not in summary["ssd:batch_size=2"]  # a b = 1 profile does not price b = 2
+    at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
+    summary = {s["method"]: s for s in bench.summarize(rows, rounds, at_two, config)}
+    assert summary["ssd:batch_size=2"]["profile_tokens_per_s"] > 0 and "profile_tokens_per_s" not in summary["ssd"]
 
 
 def test_regime_reads_v_and_c_off_the_curves():

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from ssd.bench import summarize
-from ssd.theory import expected_tokens, measured_theorem7, pipelined_speedup, sd_speedup, theorem7_speedup
+from ssd.theory import (all_hit_rate, critical_batch_size, expected_tokens, measured_theorem7, pipelined_speedup,
+                        sd_speedup, theorem7_speedup)
 
 
 def test_expected_tokens_per_round():
@@ -91,3 +92,56 @@ def test_bench_summary_ratios_and_ssd_prediction():
     assert summary["ssd"]["predicted_speedup_vs_ar"] == pytest.approx(
         measured_theorem7(rounds_frame(), ar_step_s=0.5)["predicted_speedup_vs_ar"]
     )
+
+
+# ---- batch size b ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p_hit", [0.0, 0.3, 0.8, 1.0])
+def test_a_batch_of_one_is_todays_theorem(p_hit):
+    assert all_hit_rate(p_hit, 1) == p_hit
+    for t_p in (0.4, 1.6):
+        for form in (theorem7_speedup, pipelined_speedup):
+            assert form(p_hit, 4.0, 3.0, t_p, 0.5, all_hit=p_hit) == form(p_hit, 4.0, 3.0, t_p, 0.5)
+
+
+def test_a_batch_waits_for_the_backup_unless_every_sequence_hit():
+    p, t_p, t_b = 0.7, 0.8, 0.6
+    by_b = [pipelined_speedup(p, 4.0, 3.0, t_p, t_b, all_hit_rate(p, b)) for b in (1, 2, 4, 8, 16)]
+    assert by_b == sorted(by_b, reverse=True) and by_b[0] > by_b[-1]
+    # past every sequence's hit, each round waits: the bound is a round that always pays the backup
+    assert by_b[-1] > (p * 4 + (1 - p) * 3) / (1 + t_b) and pipelined_speedup(p, 4.0, 3.0, t_p, t_b, 0.0) == (
+        pytest.approx((p * 4 + (1 - p) * 3) / (1 + t_b)))
+    assert theorem7_speedup(p, 4.0, 3.0, t_p, t_b, 0.0) == pytest.approx((p * 4 + (1 - p) * 3) / (1 + t_b))
+    # a fast backup never waits: its rate does not depend on the batch
+    assert pipelined_speedup(p, 4.0, 2.0, t_p, 0.0, all_hit_rate(p, 16)) == pipelined_speedup(p, 4.0, 2.0, t_p, 0.0)
+
+
+@pytest.mark.parametrize("p_hit,e_fast,t_p,t_b", [(0.7, 2.0, 0.8, 0.6), (0.9, 1.5, 1.3, 0.4), (0.5, 2.5, 0.5, 1.0),
+                                                   (0.95, 1.2, 0.9, 0.2), (0.6, 1.0, 1.0, 0.05)])
+def test_the_critical_batch_size_is_where_the_fast_backup_first_catches_up(p_hit, e_fast, t_p, t_b):
+    """Brute force over b against the closed form: below b* the jit backup predicts more tokens per verify pass,
+    from b* on the fast one does (Theorem 17's shape)."""
+    b_star = critical_batch_size(p_hit, 4.0, 3.0, e_fast, t_p, t_b)
+    fast_ahead = [pipelined_speedup(p_hit, 4.0, e_fast, t_p, 0.0)
+                  >= pipelined_speedup(p_hit, 4.0, 3.0, t_p, t_b, all_hit_rate(p_hit, b)) for b in range(1, 400)]
+    first = fast_ahead.index(True) + 1 if True in fast_ahead else None
+    assert b_star == first
+    if first is not None:
+        assert all(fast_ahead[first - 1:])
+
+
+def test_the_critical_batch_size_at_its_edges():
+    assert critical_batch_size(0.7, 4.0, 3.0, 3.0, 0.8, 0.6) == 1  # the fast backup as good after a miss
+    assert critical_batch_size(0.7, 4.0, 3.0, 2.0, 0.8, 0.0) is None  # a jit backup that costs nothing
+    assert critical_batch_size(1.0, 4.0, 3.0, 2.0, 0.8, 0.6) == 1  # nothing misses: the backups never run, a tie
+    assert critical_batch_size(0.0, 4.0, 3.0, 2.0, 0.8, 0.6) == 1  # every round misses: it waits from b = 1 on
+    assert critical_batch_size(0.7, 4.0, 3.0, 0.5, 0.8, 0.01) is None  # the jit draft's tokens always pay
+
+
+def test_measured_theorem7_charges_a_batch_its_all_hit_rate():
+    rounds = rounds_frame().assign(all_hit=[False, False, True, False, False, False])  # one round of six all hit
+    out = measured_theorem7(rounds)
+    assert out["p_hit"] == pytest.approx(2 / 6) and out["all_hit"] == pytest.approx(1 / 6)
+    assert out["tokens_per_verify"] == pytest.approx(theorem7_speedup(2 / 6, 4.5, 7 / 4, 0.5, 0.3, all_hit=1 / 6))
+    assert measured_theorem7(rounds_frame())["all_hit"] == pytest.approx(2 / 6)  # no column: one sequence's rounds
