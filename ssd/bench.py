@@ -136,8 +136,11 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
 
     Batches: prompts go in groups as large as the largest batch size among the methods (config.batch_size, or a
     variant's ``batch_size=``); each method answers a group's turn in calls of its own batch size, and every method
-    answers it before the next turn or group starts, in an order rotated from group to group. Answer j (over the
-    whole run) is the first of its call, or alone, with seed + j.
+    answers it before the next turn or group starts, in an order rotated from group to group. Where any method
+    batches, the prompts are first ordered by their first turn's length, as a server groups requests, so a batch's
+    rows need little left padding in the prompts' pass (compute-bound on a CPU, and padding is paid in full); every
+    method gets the same batches. Answer j (over the whole run, in that order) is the first of its call, or alone,
+    with seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
     latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it. checkpoint: a path where
@@ -146,10 +149,12 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     """
     for p in prompts:  # a template that rewrites answers fails here, not after minutes of decoding
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
+    size = max(batch_size_of(m, config) for m in methods)
+    if size > 1:
+        prompts = sorted(prompts, key=lambda p: len(encode(pair.tokenizer, p)))
     identity = _identity(pair, prompts, methods, config, seed)
     rows, rounds, done = _resume(checkpoint, identity)
     spans = []
-    size = max(batch_size_of(m, config) for m in methods)
     _say_ragged_end(len(prompts), size)
     if done < len(prompts):
         warm_up(pair, [encode(pair.tokenizer, p) for p in prompts[done : done + size]], methods, config)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from ssd import cached_model
+from ssd import bench, cached_model
 from ssd.bench import run_bench, summarize
 from ssd.cached_model import CachedModel
 from ssd.decoding import DecodeConfig, generate_ar
@@ -16,7 +16,7 @@ from ssd.methods import METHODS
 from ssd.models import tiny_pair
 from ssd.pair import Pair
 from ssd.pipeline import PipelineConfig, close_pipelines
-from ssd.prompts import load_prompts
+from ssd.prompts import Prompt, load_prompts
 from ssd.ssd import SSDConfig
 from ssd.tiny import ToyTokenizer
 
@@ -242,3 +242,23 @@ def test_a_batch_that_does_not_fit_in_memory_is_refused_in_one_line(monkeypatch)
     monkeypatch.setattr(pair.target, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="^other$"):  # any other error is not a memory one
         METHODS["ar"](pair, PROMPTS[:3], config, torch.Generator().manual_seed(0))
+
+
+def test_the_bench_batches_prompts_of_similar_length(pair, monkeypatch):
+    """Ordered by length before they are grouped: the prompts' pass of a batch pads little (all methods alike)."""
+    calls = []
+    real = bench.run_batch
+
+    def spy(method, pair, contexts, config, seed):
+        calls.append((method, [len(c) for c in contexts]))
+        return real(method, pair, contexts, config, seed=seed)
+
+    monkeypatch.setattr(bench, "run_batch", spy)
+    texts = ["a b c d e f g h i j k l", "a b", "a b c d e f g h i j k l m n", "a b c"]
+    prompts = [Prompt(f"p/{i}", text, chat=False) for i, text in enumerate(texts)]
+    result = run_bench(pair, prompts, ["ar", "ar:batch_size=2"], DecodeConfig(max_new_tokens=3), progress=False)
+    short, long = [lengths for method, lengths in calls[2:] if method == "ar:batch_size=2"]  # after the warm-up
+    assert max(short) < min(long)  # the two short prompts together, then the two long ones
+    assert [r["prompt_id"] for r in result["rows"] if r["method"] == "ar"] == ["p/1", "p/3", "p/0", "p/2"]
+    one = run_bench(pair, prompts, ["ar"], DecodeConfig(max_new_tokens=3), progress=False)
+    assert [r["prompt_id"] for r in one["rows"]] == ["p/0", "p/1", "p/2", "p/3"]  # no batch: the given order
