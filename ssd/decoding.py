@@ -163,7 +163,7 @@ def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator)
 
 def _step(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator) -> tuple[int, list[float]]:
     """AR's token from one row's logits [V], and the top two logits (how close a call the greedy token was)."""
-    token = sample(probs_from_logits(logits, config.temperature), generator)
+    token = sample(probs_from_logits(logits, config.temperature), generator, greedy=config.temperature == 0)
     return token, logits.topk(min(2, logits.shape[-1])).values.tolist()
 
 
@@ -211,7 +211,8 @@ class Verifier:
         """One sequence's verdict from its target logits [k + 1, V]; a finished row leaves the batch."""
         p = probs_from_logits(logits, self.config.temperature)  # [k + 1, V]
         q = draft.q.to(p.device)  # [k, V]
-        verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1])
+        verdict = verify(torch.tensor(draft.tokens, dtype=torch.long), q, p, u_verify[:-1], u_verify[-1],
+                         greedy=self.config.temperature == 0)
         self.target.rollback(len(self.tokens[row]) + verdict.accepted, row)  # the rejected tail leaves the cache
         appended = draft.tokens[: verdict.accepted] + [verdict.token]
         emitted, done = cut(appended, self.config.max_new_tokens - len(self.new[row]), self.eos)

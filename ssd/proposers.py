@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .cached_model import CachedModel
-from .sampling import one_hot, probs_from_logits, sample_from_uniform
+from .sampling import draw, one_hot, probs_from_logits
 from .verify import Verdict
 
 
@@ -82,7 +82,7 @@ class DraftModelProposer(Proposer):
             for row in going:
                 tokens, q_rows, logit_rows = drafted[row]
                 q = self.distribution(row, j, logits[row][0])  # [V]
-                tokens.append(int(sample_from_uniform(q, us[row][j])))
+                tokens.append(int(draw(q, us[row][j], self.temperature == 0)))
                 q_rows.append(q)
                 logit_rows.append(logits[row][0])
         return {row: self._draft(*drafted[row]) for row in ks}

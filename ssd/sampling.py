@@ -53,9 +53,16 @@ def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor | float) -> torch.T
     return torch.minimum(token, last_positive)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from a [V] distribution."""
-    return int(sample_from_uniform(probs, uniforms(1, generator)[0]))
+def draw(probs: torch.Tensor, u: torch.Tensor | float, greedy: bool) -> torch.Tensor:
+    """sample_from_uniform, or where `greedy` (temperature 0: every row of probs one-hot on its argmax, as
+    probs_from_logits makes it) the argmax itself: the same token, whatever u, without a float64 cumulative sum over
+    the vocabulary for each row (over 152k tokens and a tree depth's 16 rows that sum cost several times the argmax)."""
+    return probs.argmax(-1) if greedy else sample_from_uniform(probs, u)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator, greedy: bool = False) -> int:
+    """One token from a [V] distribution (greedy: probs one-hot, see draw; the generator advances all the same)."""
+    return int(draw(probs, uniforms(1, generator)[0], greedy))
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

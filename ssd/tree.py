@@ -10,7 +10,7 @@ import torch
 
 from .cached_model import CachedModel, additive_mask
 from .proposers import Draft
-from .sampling import probs_from_logits, sample_from_uniform, saguaro
+from .sampling import draw, probs_from_logits, saguaro
 
 
 def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> torch.Tensor:
@@ -78,7 +78,7 @@ def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[i
             if depth < len(u[row]):
                 row_logits = logits[index[row], : len(branches)]  # [N_row, V]
                 q = saguaro_q(row_logits, temperature, fan_out[row][depth], c)  # [N_row, V]
-                tokens = sample_from_uniform(q, u[row][depth].expand(len(branches)))  # [N_row]
+                tokens = draw(q, u[row][depth].expand(len(branches)), temperature == 0)  # [N_row]
                 feed[index[row], : len(branches)] = tokens.to(device)
                 for kept, value in zip(drawn[row], (tokens, q, row_logits)):
                     kept.append(value)

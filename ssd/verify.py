@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import float64_device, residual, sample_from_uniform
+from .sampling import draw, float64_device, residual
 
 # The roles of an output token: a drafted token the target accepted, or the target's own token t*, which is recovered
 # (from the residual at the first rejection), bonus (after all K were accepted) or, without a draft (AR), target.
@@ -47,6 +47,7 @@ def verify(
     p: torch.Tensor,
     accept_u: torch.Tensor,
     sample_u: float,
+    greedy: bool = False,
 ) -> Verdict:
     """Rejection-sample one round.
 
@@ -55,6 +56,7 @@ def verify(
     p:            [K+1, V] the target distributions at the same positions, plus one after the last drafted token
     accept_u:     [K] uniforms in [0, 1), one per drafted token
     sample_u:     one uniform in [0, 1) for the recovered or bonus token
+    greedy:       temperature 0 (p one-hot): the token is p's argmax, the same token found without sampling
     """
     draft_tokens = torch.as_tensor(draft_tokens, dtype=torch.long, device=p.device)
     K = draft_tokens.numel()
@@ -69,5 +71,7 @@ def verify(
     accepted_mask = torch.as_tensor(accept_u, dtype=torch.float64, device=p_x.device) * q_x < p_x
     rejected = (~accepted_mask).nonzero()
     k = int(rejected[0]) if len(rejected) else K
-    dist = residual(p[k], q[k]) if k < K else p[K]
-    return Verdict(accepted=k, token=int(sample_from_uniform(dist, sample_u)), draft_len=K)
+    # Greedy (p one-hot on the target's argmax a): a rejected token is not a, so the residual max(p - q, 0) has its
+    # mass on a alone, and the token is p's argmax either way (sampling.draw), without the residual's passes over V.
+    dist = residual(p[k], q[k]) if k < K and not greedy else p[k]
+    return Verdict(accepted=k, token=int(draw(dist, sample_u, greedy)), draft_len=K)

@@ -144,13 +144,13 @@ def test_sampled_outputs_follow_the_target_distribution(options):
 
 def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(monkeypatch):
     """Saguaro's classic defect: the draft samples from one q and verification uses another."""
-    real = ssd.proposers.sample_from_uniform
+    real = ssd.proposers.draw
 
-    def sharpened(q, u):
-        return real(q**3, u)
+    def sharpened(q, u, greedy):
+        return real(q**3, u, greedy)
 
-    monkeypatch.setattr(ssd.proposers, "sample_from_uniform", sharpened)
-    monkeypatch.setattr(ssd.tree, "sample_from_uniform", sharpened)  # the tree pre-speculation draws there
+    monkeypatch.setattr(ssd.proposers, "draw", sharpened)
+    monkeypatch.setattr(ssd.tree, "draw", sharpened)  # the tree pre-speculation draws there
     assert sampled_fit(dict(budget=6, saguaro_c=0.2, backup="jit")) < ALPHA
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ssd.verify
-from ssd.sampling import one_hot, probs_from_logits, residual, sample_from_uniform, uniforms
+from ssd.sampling import draw, one_hot, probs_from_logits, residual, sample_from_uniform, uniforms
 from ssd.verify import verify
 
 from ssd.lossless import ALPHA, chi_square_p
@@ -29,6 +29,25 @@ def test_all_accepted_when_draft_equals_target_then_bonus():
     p = torch.cat([q, dist(0.0, 0.0, 1.0)[None]])
     v = verify(torch.tensor([1, 0, 2]), q, p, torch.tensor([0.999, 0.999, 0.999]), 0.5)
     assert (v.accepted, v.token, v.role) == (3, 2, "bonus")
+
+
+def test_greedy_draws_are_the_argmax_as_sampling_would_find_it():
+    """At temperature 0 every distribution is one-hot: the argmax shortcut (sampling.draw) must give the token the
+    inverse CDF gives, for any u, and verify's greedy path the verdict of the general one, draft q of any shape."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, 50, generator=gen)
+    p = probs_from_logits(logits, 0.0)
+    for u in (0.0, 0.3, 1 - 2**-53):
+        assert torch.equal(draw(p, torch.full((40,), u, dtype=torch.float64), greedy=True),
+                           sample_from_uniform(p, torch.full((40,), u, dtype=torch.float64)))
+    for trial in range(200):
+        k = trial % 5
+        p = probs_from_logits(torch.randn(k + 1, 50, generator=gen), 0.0)  # [k + 1, V]
+        q = probs_from_logits(torch.randn(k, 50, generator=gen), 0.0) if trial % 2 else torch.softmax(
+            torch.randn(k, 50, generator=gen), -1)  # one-hot drafts, and drafts from a wider q
+        tokens = p[:k].argmax(-1) if trial % 3 == 0 else sample_from_uniform(q, uniforms(k, gen))  # some all accepted
+        u, last = uniforms(k, gen), float(uniforms(1, gen)[0])
+        assert verify(tokens, q, p, u, last, greedy=True) == verify(tokens, q, p, u, last)
 
 
 def test_acceptance_threshold_is_p_over_q():
