@@ -1,6 +1,7 @@
 """Logits -> probabilities, sampling from explicit random numbers, and the residual of rejection sampling.
 
-Every draw in the kit is a uniform number in [0, 1) turned into a token by the inverse CDF. The uniforms come from an
+Every draw in the kit is a uniform number in [0, 1) turned into a token by the inverse CDF (at temperature 0, where
+every distribution is one-hot, that token is the argmax, found as such: ``draw``). The uniforms come from an
 explicit CPU ``torch.Generator``: the same seed gives the same tokens on any device, and the functions that consume
 them (``sample_from_uniform``, ``ssd.verify.verify``) stay pure and testable with hand-picked numbers.
 
