@@ -133,4 +133,10 @@ def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: flo
     t_b = k * profile.draft_at(1) / verify_ms if backup == "jit" else 0.0
     per_verify = pipelined_speedup(p_hit, e_hit, e_miss, t_p, t_b, all_hit)
     return {"profile_t_p": t_p, "profile_t_b": t_b, "profile_tokens_per_verify": per_verify,
-            "profile_tokens_per_s": profile.batch_size * per_verify / verify_ms * 1000}
+            "profile_tokens_per_s": batch_size(profile) * per_verify / verify_ms * 1000}
+
+
+def batch_size(latencies) -> int:
+    """The rows a set of latencies was timed over: a profile's batch_size; 1 for anything else with the three curves
+    (``ssd.tuning`` takes any such object)."""
+    return getattr(latencies, "batch_size", 1)
