@@ -316,6 +316,8 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         ar_step_s = 1 / tps["ar"] if "ar" in tps else None
         ssd = next(s for s in summary if s["method"] == name)
         ssd["hit_rate"] = float(rounds.loc[rounds.method == name, "hit"].astype(bool).mean())
+        backed = rounds.loc[(rounds.method == name) & rounds["backup"].notna(), "backup"]
+        ssd["fast_backup_share"] = float((backed == "fast").mean()) if len(backed) else None  # of the misses
         ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
         fixed = config is not None and resolve(name, config)[1]
         if profile is not None and fixed and _priced_by(profile, fixed):

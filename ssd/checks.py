@@ -102,7 +102,7 @@ def check_ssd(budget, fan_out_strategy, saguaro_c, backup, r) -> None:
 
 # ---- the bench's method variants -------------------------------------------------------------------------------------
 
-VARIANT_FIELDS = ("k", "budget", "batch_size")  # integers, or "auto" (k and budget)
+VARIANT_FIELDS = ("k", "budget", "batch_size", "backup")  # integers, or "auto" (k and budget); backup: BACKUPS
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -117,6 +117,11 @@ def parse_variant(spec: str) -> tuple[str, dict]:
                              f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
         if field == "batch_size" and value == "auto":
             raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
+        if field == "backup":
+            if value not in BACKUPS:
+                raise ValueError(f"method variant {spec!r}: backup must be one of {', '.join(BACKUPS)}; got {value!r}")
+            overrides[field] = value
+            continue
         overrides[field] = value if value == "auto" else _integer(value, spec)
     return name, overrides
 

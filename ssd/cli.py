@@ -42,7 +42,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--fan-out", default="uniform",
                    help=f"the fan-out strategy: {' | '.join(STRATEGIES)} (default uniform)")
     s.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro's C in [0, 1]; 1 = off (default 1)")
-    s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)} (default jit)")
+    s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)}; jit: the draft model drafts, "
+                   "fast: an n-gram lookup in the context, auto: the one the profile and the run's estimates predict "
+                   "faster at this batch size, re-decided each round (default jit)")
     s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated and auto: its prior "
                    "(default 0.6)")
     s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "category (Spec-Bench's report), writes JSON")
     add_decoding_args(b)
     b.add_argument("--methods", default="ar,sd", help=f"comma-separated, from {', '.join(METHOD_NAMES)} (default "
-                   "ar,sd); a variant sets its own k, budget or batch_size, e.g. sd:k=2,sd:k=auto,ar:batch_size=8,"
-                   "ssd-pipeline:k=4:budget=8")
+                   "ar,sd); a variant sets its own k, budget, batch_size or backup, e.g. sd:k=2,sd:k=auto,"
+                   "ar:batch_size=8,ssd-pipeline:k=4:budget=8,ssd-pipeline:backup=fast")
     b.add_argument("--prompts", default="humaneval:8", help="humaneval, prose or a Spec-Bench JSONL path, optionally "
                    "with :N (the first N), [a:b] (a slice) or @N (the first N of each category), e.g. question.jsonl@2 "
                    "(default humaneval:8)")

@@ -71,6 +71,20 @@ def _stats(tokens: list[int], trace) -> str:
     return stats
 
 
+def _auto_batch_sizes(methods: list[str], config) -> set[int]:
+    """The batch sizes the variants that tune as they go decode at: SD's with K on auto, SSD's with K, B or the
+    backup on auto."""
+    sizes = set()
+    for spec in methods:
+        name, overrides = parse_variant(spec)
+        variant = dataclasses.replace(config, **overrides)
+        ssd_tunes = name in ("ssd", "ssd-pipeline") and on_auto(variant)
+        sd_tunes = name in ("sd", "sd-1core") and is_auto(variant.k)
+        if ssd_tunes or sd_tunes:
+            sizes.add(variant.batch_size)
+    return sizes
+
+
 def cmd_bench(args) -> None:
     methods = parse_methods(args.methods)
     if "ssd-pipeline" in methods and env_rank() is None:  # one GPU: say so before minutes of loading
@@ -83,9 +97,13 @@ def cmd_bench(args) -> None:
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
         latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
     if on_auto(config) or any(is_auto(v) for m in methods for v in parse_variant(m)[1].values()):
-        # auto K or B: priced on the profile of the ranks' cores (measured once, then read from the user cache)
+        # auto K, B or backup: priced on the profile of the ranks' cores at the run's batch size (measured once, then
+        # read from the user cache): every batch size measured now, never inside a timed call
         latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
                                                         drafter_cores=args.drafter_cores)
+        for b in sorted(_auto_batch_sizes(methods, config) - {1}):
+            profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores,
+                                   batch_size=b)
         config = dataclasses.replace(config, latencies=latencies)
     checkpoint = f"{args.json}.partial" if args.json else None
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)

@@ -229,7 +229,8 @@ def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator)
     """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling; each step over
     all rows at once. With k="auto" each row's K is its tuner's (ssd.tuning), re-decided from its acceptance rate."""
     prompts = check_prompts(pair, prompts, config)
-    config = with_latencies(pair, config)
+    if is_auto(config.k):  # (an SSDConfig's budget or backup on auto is not SD's concern)
+        config = with_latencies(pair, config, len(prompts))
     # Each row's acceptance rate, for k="auto"
     calibrators = [Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY) for _ in prompts]
     tuners = [sd_tuner(config, calibrator) for calibrator in calibrators]

@@ -123,6 +123,10 @@ class Calibrator:
     reports; the allocation reads the per-kind rates. With a `window` only the last that many ranks of each kind
     count, so that a calibrator kept over many answers (``ssd.tuning.carried_calibrator``) follows the text and its
     tables stay cheap to build.
+
+    a_p is the draft model's: a round the fast backup drafted (an n-gram lookup, ``model_drafted=False``) teaches the
+    ranks of its outcome but not a_p. What the fast backup would give after a miss is kept apart (``fast_tokens``),
+    from how many tokens of an n-gram proposal at each miss the target went on to produce (``update_fast``).
     """
 
     prior_a_p: float = 0.6
@@ -135,21 +139,42 @@ class Calibrator:
     max_f: int = 32
     memory: float = 1.0
     window: int | None = None
+    # The fast backup's prior: an n-gram proposal whose every token the target keeps with this chance, weighing as
+    # much as this many misses (a stated guess, below the draft's prior a_p: the run's own misses soon outweigh it)
+    prior_fast_a: float = 0.3
+    prior_fast_weight: float = 4.0
     accepted: float = 0
     tested: float = 0
     ranks: dict = field(default_factory=lambda: {kind: [] for kind in KINDS})
+    fast_matched: list = field(default_factory=list)  # per miss: tokens of the n-gram proposal the target produced
 
-    def update(self, accepted: int, draft_len: int, rank: int | None) -> None:
+    def update(self, accepted: int, draft_len: int, rank: int | None, model_drafted: bool = True) -> None:
         if draft_len == 0:
             return
-        self.accepted, self.tested = self.accepted * self.memory, self.tested * self.memory
-        self.accepted += accepted
-        self.tested += accepted + (1 if accepted < draft_len else 0)
+        if model_drafted:
+            self.accepted, self.tested = self.accepted * self.memory, self.tested * self.memory
+            self.accepted += accepted
+            self.tested += accepted + (1 if accepted < draft_len else 0)
         if rank is not None:
             ranks = self.ranks[position_kind(accepted, draft_len)]
             ranks.append(rank)
             if self.window is not None and len(ranks) > self.window:
                 del ranks[0]
+
+    def update_fast(self, matched: int) -> None:
+        """At a miss the fast backup's n-gram proposal would have had its first `matched` tokens accepted: the target's
+        tokens there equal them (a one-hot draft is accepted exactly when the target's token is it, so this holds in
+        distribution at any temperature, whichever backup drafted the round)."""
+        self.fast_matched.append(matched)
+        if self.window is not None and len(self.fast_matched) > self.window:
+            del self.fast_matched[0]
+
+    def fast_tokens(self, k: int) -> float:
+        """Expected tokens of a round the fast backup drafts at draft length k: 1 + E[min(matched, k)] over the misses
+        seen, shrunk toward the prior's sum of prior_fast_a^i for i = 1..k."""
+        prior = sum(self.prior_fast_a**i for i in range(1, k + 1))
+        seen = sum(min(m, k) for m in self.fast_matched)
+        return 1.0 + (seen + self.prior_fast_weight * prior) / (len(self.fast_matched) + self.prior_fast_weight)
 
     @property
     def a_p(self) -> float:

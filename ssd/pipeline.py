@@ -350,8 +350,8 @@ def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.
     defaults (verifier on core 0, drafter on core 1).
     """
     check_ssd_config(config, "ssd-pipeline")
-    check_prompts(pair, as_batch(prompt_ids)[0], config)  # bad input fails before a drafter starts
-    config = with_latencies(pair, config)  # auto K or B: priced on the ranks' cores, before the drafter runs
+    prompts = check_prompts(pair, as_batch(prompt_ids)[0], config)  # bad input fails before a drafter starts
+    config = with_latencies(pair, config, len(prompts))  # on auto: priced on the ranks' cores, before the drafter runs
     return pipeline_for(pair, config).generate(prompt_ids, config, generator)
 
 

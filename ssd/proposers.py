@@ -117,6 +117,12 @@ def ngram_proposal(tokens: list[int], k: int, max_n: int) -> list[int]:
     return [tokens[-1]] * k
 
 
+def matched_prefix(proposal: list[int], tokens: list[int]) -> int:
+    """How many of the proposal's first tokens equal the tokens: the count a one-hot draft of it keeps when the
+    target's tokens are these."""
+    return next((i for i, (x, t) in enumerate(zip(proposal, tokens)) if x != t), min(len(proposal), len(tokens)))
+
+
 class NgramProposer(Proposer):
     """A near-free proposer: an n-gram lookup in the context. As a deterministic proposal its q is one-hot, so
     verifying it stays lossless; it has no logits. device: where the q rows are made (where verify reads them)."""

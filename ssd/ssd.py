@@ -5,8 +5,11 @@ Per round: the draft for this round (x_1..x_K and its q) is ready. Before the ta
 in one forward over a token tree (shared prefix KV, one 4D attention mask). On two devices this overlaps the verify
 pass (``ssd.pipeline``); here the phases run one after the other and the trace times each, so Theorem 7 can say
 what the overlap would give. After verification, a hit takes the next draft from the cache: the draft phase is
-skipped. A miss calls a backup: ``jit`` (the draft model drafts now, as SD does) or ``fast`` (an n-gram proposal
-from the context, verified as q = one-hot, so it stays lossless).
+skipped. A miss calls a backup: ``jit`` (the draft model drafts now, as SD does), ``fast`` (an n-gram proposal
+from the context, verified as q = one-hot, so it stays lossless) or ``auto``: each round the one the tuner predicts
+faster at the batch size (``ssd.tuning``), from the profile, the hit rate and the tokens each backup's round would
+give. What a fast round would give is scored at every miss, whichever backup drafted it: the n-gram proposal there
+against the tokens the target went on to produce (``Speculation.note_miss``).
 
 Randomness: each round draws the same uniforms whatever happens (K for drafting the next round, K + 1 for verify).
 All branches and the jit backup share the next round's K draft uniforms, so the draft of round r + 1 is the same
@@ -25,14 +28,15 @@ from .cached_model import CachedModel
 from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
 from .checks import check_at_least, check_ssd, check_strategy
 from .outcomes import Calibrator, allocate, candidates, rank_of
-from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer
+from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix, ngram_proposal
 from .sampling import uniforms
 from .trace import SSDRound, Stopwatch
-from .tuning import carried_calibrator, on_auto, ssd_tuner, with_latencies
+from .tuning import SSD_KS, carried_calibrator, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
 BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's drafts come from, by Draft.source
+FAST_HORIZON = max(SSD_KS)  # tokens of the n-gram proposal scored at a miss: enough for every K the tuner weighs
 
 
 @dataclass
@@ -40,7 +44,7 @@ class SSDConfig(DecodeConfig):
     budget: int | str = 16  # B: cached outcomes per round, over all positions; "auto": chosen with K (ssd.tuning)
     fan_out_strategy: str = "uniform"  # how B is spread over the positions: uniform | geometric | calibrated
     saguaro_c: float = 1.0  # C of Saguaro sampling; 1 = plain sampling
-    backup: str = "jit"  # jit | fast
+    backup: str = "jit"  # jit | fast | auto (the one predicted faster at the batch size, re-decided each round)
     # a_p (DecodeConfig's): geometric's acceptance rate; calibrated's prior, and auto's
     r: float = 0.5  # geometric: the power-law exponent of the miss rate; calibrated: its prior
     ngram: int = 3  # fast backup: the longest n-gram matched in the context
@@ -127,6 +131,7 @@ class Speculation:
         self.found: Draft | None = None  # the cached draft for the last outcome, if it hit
         self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
         self.last_lookup: Lookup | None = None  # what the cache made of the last outcome
+        self.fast_pending: list[tuple[int, list[int]]] = []  # (where, the n-gram proposal there) per miss, unscored
 
     def next_fan_out(self, k: int) -> tuple[int, ...]:
         """F_0..F_K of a round of K drafted tokens, from the strategy, the tuner's B and, calibrated, the estimates."""
@@ -151,10 +156,31 @@ class Speculation:
             excluded = self.block.tokens[k] if k < len(self.block.tokens) else None
             rank = rank_of(t_star, self.rank_rows[k], excluded) if t_star != excluded else None
         if self.calibrator:
-            self.calibrator.update(k, verdict.draft_len, rank)
+            self.calibrator.update(k, verdict.draft_len, rank, model_drafted=self.block.source != "ngram")
         self.tuner.step()
         self.found = self.cache.lookup(verdict.outcome) if self.predicted() else None
         self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
+
+    @property
+    def backup(self) -> str:
+        """The backup that drafts this row's next round if it missed: the configured one, or on auto the tuner's."""
+        return self.tuner.choice.backup
+
+    def note_miss(self, tokens: list[int]) -> None:
+        """The row missed after `tokens`: keep the fast backup's proposal there, scored once the text is past it."""
+        if self.calibrator:
+            self.fast_pending.append((len(tokens), ngram_proposal(tokens, FAST_HORIZON, self.config.ngram)))
+
+    def score_fast(self, tokens: list[int]) -> None:
+        """Each kept proposal the committed tokens now reach past: the calibrator learns how many of its first tokens
+        the target produced, what a fast round there would have accepted (``Calibrator.update_fast``)."""
+        waiting = []
+        for start, proposal in self.fast_pending:
+            if len(tokens) >= start + len(proposal):
+                self.calibrator.update_fast(matched_prefix(proposal, tokens[start:]))
+            else:
+                waiting.append((start, proposal))
+        self.fast_pending = waiting
 
 
 class Speculator(Proposer):
@@ -175,8 +201,8 @@ class Speculator(Proposer):
         # No Proposer.__init__: the committed tokens are the drafter's (``tokens`` below), kept in one place.
         self.config = config
         self.drafter = SaguaroDrafter(draft_model, prompts, config)
-        self.backup = (self.drafter if config.backup == "jit" else
-                       NgramProposer(prompts, vocab_size, config.ngram, device=self.drafter.model.device))
+        ngram = NgramProposer(prompts, vocab_size, config.ngram, device=self.drafter.model.device)
+        self.backups = {"jit": self.drafter, "fast": ngram}
         self.sequences = [Speculation(config, self._calibrator(draft_model)) for _ in prompts]
 
     def _calibrator(self, draft_model) -> Calibrator | None:
@@ -204,12 +230,17 @@ class Speculator(Proposer):
         return self.sequences[row].estimates()
 
     def propose(self, rooms: dict[int, int], us: dict[int, torch.Tensor]) -> dict[int, Draft]:
-        """Each row's next draft, cut to rooms[row] tokens: the cached one after a hit, else the backup's, drafted
-        with us[row] ([K] uniforms); the rows that missed are drafted together."""
+        """Each row's next draft, cut to rooms[row] tokens: the cached one after a hit, else its backup's, drafted
+        with us[row] ([K] uniforms); the rows that missed are drafted together, by backup."""
         missed = [row for row in rooms if self.sequences[row].found is None]
+        backed = {}
         for row in missed:
             self.drafter.fan_out[row] = self.sequences[row].f_next
-        backed = self.backup.propose({row: len(us[row]) for row in missed}, {row: us[row] for row in missed})
+            self.sequences[row].note_miss(self.tokens[row])
+        for name, backup in self.backups.items():
+            rows = [row for row in missed if self.sequences[row].backup == name]
+            if rows:
+                backed |= backup.propose({row: len(us[row]) for row in rows}, {row: us[row] for row in rows})
         for row in rooms:
             seq = self.sequences[row]
             seq.block = seq.found if seq.found is not None else replace(backed[row], fan_out=seq.f_next)
@@ -236,14 +267,16 @@ class Speculator(Proposer):
         """Commit the row's outcome (k, t*), learn from it and look it up in its cache."""
         self.sequences[row].observe(verdict)
         self.drafter.observe(row, draft, verdict)
-        if self.backup is not self.drafter:
-            self.backup.observe(row, draft, verdict)
+        self.backups["fast"].observe(row, draft, verdict)
+        if self.sequences[row].fast_pending:
+            self.sequences[row].score_fast(self.tokens[row])
 
     def last_lookup(self, row: int = 0) -> Lookup:
         return self.sequences[row].last_lookup
 
     def retire(self, row: int) -> None:
         self.drafter.retire(row)
+        self.sequences[row].fast_pending = []  # the text ended before them: left unscored
 
 
 def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,7 +292,7 @@ def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
     drawn from."""
     check_ssd_config(config)
     prompts = check_prompts(pair, prompts, config)
-    config = with_latencies(pair, config)
+    config = with_latencies(pair, config, len(prompts))
     speculator = Speculator(pair.draft, prompts, config, pair.vocab_size)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
     traces, watch = batch_traces("ssd", prompts), Stopwatch()

@@ -40,7 +40,7 @@ import pandas as pd
 
 from .checks import is_auto
 from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
-from .theory import expected_tokens, theorem7_from_profile
+from .theory import all_hit_rate, batch_size, expected_tokens, theorem7_from_profile
 
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
 SSD_KS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -66,6 +66,7 @@ class Choice:
     budget: int | None  # None for SD
     tokens_per_s: float | None  # predicted decode tokens per second (None: configured, not chosen)
     p_hit: float | None = None  # SSD: the predicted hit rate at this (K, B)
+    backup: str | None = None  # SSD: the backup after a miss, "jit" or "fast" (None for SD)
 
 
 def _check_rate(value: float, name: str) -> float:
@@ -110,36 +111,54 @@ def predicted_hit_rate(a_p: float, law: PowerLaw | MissModel, k: int, budget: in
     return sum(p * (1.0 - model.at(position_kind(j, k), f)) for j, (p, f) in enumerate(zip(probs, fan_out)))
 
 
+def backups_of(backup: str) -> tuple[str, ...]:
+    """The backups a choice weighs: both on auto, else the configured one."""
+    return ("jit", "fast") if is_auto(backup) else (backup,)
+
+
 def ssd_tokens_per_s(a_p: float, law: PowerLaw | MissModel, k: int, budget: int, latencies, *,
-                     strategy: str = "geometric", backup: str = "jit", r: float | None = None) -> tuple[float, float]:
-    """SSD's predicted steady-state decode tokens/s at (K, B), and the hit rate behind it (Theorem 7)."""
+                     strategy: str = "geometric", backup: str = "jit", r: float | None = None,
+                     fast_tokens: Callable[[int], float] | None = None) -> tuple[float, float]:
+    """SSD's predicted steady-state decode tokens/s at (K, B) with this backup, and the hit rate behind it (Theorem 7
+    at the latencies' batch size b: a round waits for a jit backup unless all b sequences hit, p_hit^b).
+
+    A hit and a jit miss both yield a round the draft model drafted, E(a_p, K) tokens; a fast miss yields
+    fast_tokens(K) (``Calibrator.fast_tokens``; None: E too, the fast backup's best case).
+    """
     p_hit = predicted_hit_rate(a_p, law, k, budget, strategy, r)
-    e = expected_tokens(a_p, k)  # a hit and a miss both yield a round of K drafted tokens
-    predicted = theorem7_from_profile(latencies, k, budget, p_hit, e, e, backup)
+    e = expected_tokens(a_p, k)
+    e_miss = fast_tokens(k) if backup == "fast" and fast_tokens is not None else e
+    predicted = theorem7_from_profile(latencies, k, budget, p_hit, e, e_miss, backup,
+                                      all_hit_rate(p_hit, batch_size(latencies)))
     return predicted["profile_tokens_per_s"], p_hit
 
 
-def _ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, **options) -> dict:
-    """{(K, B): (predicted tokens/s, hit rate)} over the candidates, K then B ascending."""
+def _ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, backup: str = "jit",
+                **options) -> dict:
+    """{(K, B, backup): (predicted tokens/s, hit rate)} over the candidates, K then B ascending, jit before fast."""
     a_p = _check_rate(a_p, "a_p (the acceptance rate)")
     ks, budgets = _check_candidates(ks, "ks"), _check_candidates(budgets, "budgets")
-    return {(k, b): ssd_tokens_per_s(a_p, law, k, b, latencies, **options) for k in sorted(ks) for b in sorted(budgets)}
+    return {(k, b, kind): ssd_tokens_per_s(a_p, law, k, b, latencies, backup=kind, **options)
+            for k in sorted(ks) for b in sorted(budgets) for kind in backups_of(backup)}
 
 
 def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
-                        strategy: str = "geometric", backup: str = "jit", r: float | None = None) -> Choice:
-    """The (K, B) of SSD with the most predicted tokens per second (the smaller K, then B, on a tie)."""
-    scored = _ssd_scores(a_p, law, latencies, ks, budgets, strategy=strategy, backup=backup, r=r)
-    k, b = max(scored, key=lambda kb: (scored[kb][0], -kb[0], -kb[1]))
-    return Choice(k=k, budget=b, tokens_per_s=scored[k, b][0], p_hit=scored[k, b][1])
+                        strategy: str = "geometric", backup: str = "jit", r: float | None = None,
+                        fast_tokens: Callable[[int], float] | None = None) -> Choice:
+    """The (K, B) of SSD, and on backup="auto" the backup, with the most predicted tokens per second (the smaller K,
+    then B, then the jit backup on a tie)."""
+    scored = _ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
+    best = max(scored, key=lambda key: scored[key][0])  # ascending K, B, jit first: max keeps the first of the best
+    k, b, kind = best
+    return Choice(k=k, budget=b, tokens_per_s=scored[best][0], p_hit=scored[best][1], backup=kind)
 
 
 # ---- in a run ------------------------------------------------------------------------------------------------------
 
 
 def on_auto(config) -> bool:
-    """Whether the config leaves K or B (where it has one) to the tuner."""
-    return is_auto(config.k) or is_auto(getattr(config, "budget", None))
+    """Whether the config leaves K, or B or the backup (where it has them), to the tuner."""
+    return any(is_auto(value) for value in (config.k, getattr(config, "budget", None), getattr(config, "backup", None)))
 
 
 class Tuner:
@@ -206,28 +225,32 @@ def sd_tuner(config, calibrator: Calibrator) -> Tuner:
 
 
 def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
-    """SSD's (K, B): each configured, or on auto the best (Theorem 7) from the calibrator's a_p and miss rates."""
+    """SSD's (K, B, backup): each configured, or on auto the best (Theorem 7 at the latencies' batch size) from the
+    calibrator's a_p, miss rates and, for the fast backup, the tokens its n-gram proposals would have kept."""
     if not on_auto(config):
-        return Tuner(lambda: Choice(config.k, config.budget, None))
+        return Tuner(lambda: Choice(config.k, config.budget, None, backup=config.backup))
     latencies = _latencies(config)
     ks = SSD_KS if is_auto(config.k) else (config.k,)
     budgets = BUDGETS if is_auto(config.budget) else (config.budget,)
 
     def decide() -> Choice:  # the miss rates are the calibrator's whatever the strategy that spends B
         return choose_ssd_k_budget(calibrator.a_p, calibrator.miss_model(), latencies, ks, budgets,
-                                   strategy=config.fan_out_strategy, backup=config.backup, r=config.r)
+                                   strategy=config.fan_out_strategy, backup=config.backup, r=config.r,
+                                   fast_tokens=calibrator.fast_tokens)
     return Tuner(decide)
 
 
-def with_latencies(pair, config):
-    """The config, with the profile of the pair on the config's cores (the user cache's, measured on first use) where
-    k or budget is 'auto' and it holds none; otherwise the config as it is."""
-    if config.latencies is not None or not on_auto(config):
+def with_latencies(pair, config, batch: int = 1):
+    """The config, with the profile of the pair on the config's cores at batch size `batch` (the user cache's,
+    measured on first use) where k, budget or backup is 'auto' and it holds none for that batch size (latencies
+    without a batch size are taken as they are); otherwise the config as it is."""
+    given = config.latencies
+    if not on_auto(config) or (given is not None and getattr(given, "batch_size", batch) == batch):
         return config
     from .profile import cached_profile  # measuring needs the models' code; a fixed run never imports it
 
     latencies = cached_profile(pair, verifier_cores=getattr(config, "verifier_cores", "0"),
-                               drafter_cores=getattr(config, "drafter_cores", "1"))
+                               drafter_cores=getattr(config, "drafter_cores", "1"), batch_size=batch)
     return dataclasses.replace(config, latencies=latencies)
 
 
@@ -249,9 +272,10 @@ def sd_curve(a: float, latencies, ks=SD_KS):
 
 
 def ssd_surface(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
-                strategy: str = "calibrated", backup: str = "jit", r: float | None = None):
-    """SSD's predicted decode tokens/s and hit rate at each (K, B): one row per pair (columns k, budget,
-    tokens_per_s, p_hit), what choose_ssd_k_budget takes the best of."""
-    scored = _ssd_scores(a_p, law, latencies, ks, budgets, strategy=strategy, backup=backup, r=r)
-    return pd.DataFrame([{"k": k, "budget": b, "tokens_per_s": tps, "p_hit": p_hit}
-                         for (k, b), (tps, p_hit) in scored.items()])
+                strategy: str = "calibrated", backup: str = "jit", r: float | None = None,
+                fast_tokens: Callable[[int], float] | None = None):
+    """SSD's predicted decode tokens/s and hit rate at each (K, B) and backup (both on "auto"): one row each (columns
+    k, budget, backup, tokens_per_s, p_hit), what choose_ssd_k_budget takes the best of."""
+    scored = _ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
+    return pd.DataFrame([{"k": k, "budget": b, "backup": kind, "tokens_per_s": tps, "p_hit": p_hit}
+                         for (k, b, kind), (tps, p_hit) in scored.items()])

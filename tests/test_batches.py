@@ -43,6 +43,7 @@ CONFIGS = {
     "ssd": SSDConfig(k=3, budget=6, max_new_tokens=NEW),
     "ssd:fast": SSDConfig(k=3, budget=4, backup="fast", max_new_tokens=NEW),
     "ssd:auto": SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=NEW),
+    "ssd:backup-auto": SSDConfig(k=3, budget=4, backup="auto", max_new_tokens=NEW),  # priced at each b's profile
 }
 
 
@@ -219,6 +220,18 @@ def test_the_bench_runs_each_method_at_its_batch_size_side_by_side(pair):
     assert summary["sd:batch_size=2"]["batch_size"] == 2 and summary["ar"]["batch_size"] == 1
     again = summarize(pd.DataFrame(result["rows"]))  # stored rows summarise to the same figures
     assert [s["tokens_per_s"] for s in again] == [s["tokens_per_s"] for s in result["summary"]]
+
+
+def test_the_backups_run_side_by_side_as_variants_of_one_bench(pair):
+    prompts = load_prompts("prose[0:2]")
+    methods = ["ssd:backup=jit", "ssd:backup=fast", "ssd:backup=auto:batch_size=2"]
+    result = run_bench(pair, prompts, methods, SSDConfig(k=3, budget=2, max_new_tokens=12), progress=False)
+    summary = {s["method"]: s for s in result["summary"]}
+    assert all(r["identical_to_target"] for r in result["rows"])
+    assert (summary[methods[0]]["fast_backup_share"], summary[methods[1]]["fast_backup_share"]) == (0.0, 1.0)
+    assert 0.0 <= summary[methods[2]]["fast_backup_share"] <= 1.0 and summary[methods[2]]["batch_size"] == 2
+    with pytest.raises(ValueError, match="backup must be one of jit, fast, auto; got 'slow'"):
+        parse_variant("ssd:backup=slow")
 
 
 def test_a_batch_that_does_not_fit_in_memory_is_refused_in_one_line(monkeypatch):

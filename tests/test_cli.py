@@ -128,7 +128,7 @@ def test_help_and_argument_errors_answer_before_torch_loads():
     assert lines[-1] == "[]", out
     assert lines[2:-1] == ["error: max_new_tokens must be an integer >= 1, got 0",
                            "error: method variant 'sd:k=two': 'two' is neither an integer nor 'auto'",
-                           "error: backup must be one of jit, fast; got 'slow'",
+                           "error: backup must be one of jit, fast, auto; got 'slow'",
                            "error: target_dtype must be one of float32, bfloat16, float16, int8, auto; got 'int4'",
                            "error: jobs must be an integer >= 1, got 0"], out
 

@@ -14,6 +14,7 @@ from ssd.models import tiny_pair
 from ssd.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
 from ssd.sampling import uniforms
 from ssd.ssd import SSDConfig, Speculator, counterfactual_hits, generate_ssd
+from ssd.tuning import carried_calibrator, forget_estimates
 from ssd.verify import Verdict
 
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
@@ -135,8 +136,9 @@ def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
         dict(budget=6, saguaro_c=0.0, backup="jit", fan_out_strategy="calibrated"),
         dict(budget=3, saguaro_c=1.0, backup="fast"),
         dict(budget=6, saguaro_c=0.5, backup="fast", fan_out_strategy="geometric"),
+        dict(budget=3, backup="auto", latencies="balanced"),
     ],
-    ids=["saguaro-0.2", "saguaro-0-calibrated", "fast", "saguaro-0.5-fast"],
+    ids=["saguaro-0.2", "saguaro-0-calibrated", "fast", "saguaro-0.5-fast", "auto"],
 )
 def test_sampled_outputs_follow_the_target_distribution(options):
     assert sampled_fit(options) > ALPHA
@@ -161,13 +163,19 @@ def sampled_fit(options):
     expected = exact_target_distribution(pair, prompt, n_new, temperature)
     counts = torch.zeros(len(expected))
     hits = rounds = 0
+    used = set()
+    if options.get("latencies") == "balanced":  # where auto's estimates keep it between the two backups
+        options = options | {"latencies": Flat(1.5)}
+    forget_estimates()  # on auto the estimates carry over the runs: start them from the prior
     for seed in range(n):
         tokens, trace = run(generate_ssd, pair, prompt, seed=seed, k=2, temperature=temperature,
                             max_new_tokens=n_new, **options)
         counts[sequence_index(tokens, pair.vocab_size)] += 1
         hits += sum(bool(r.hit) for r in trace.rounds)
         rounds += len(trace.rounds)
+        used |= backups_used(trace)
     assert 0.05 < hits / rounds < 0.95  # both the cache and the backup were exercised
+    assert used == ({"jit", "fast"} if options["backup"] == "auto" else {options["backup"]})
     return chi_square_p(counts, expected)
 
 
@@ -176,6 +184,56 @@ def test_saguaro_raises_the_hit_rate_and_lowers_acceptance(pair):
     low_c = run(generate_ssd, pair, [5, 6, 7], k=4, temperature=1.0, max_new_tokens=150, budget=8, saguaro_c=0.0)[1]
     assert low_c.hit_rate > plain.hit_rate
     assert low_c.acceptance_rate < plain.acceptance_rate
+
+
+# ---- the backup on auto -----------------------------------------------------------------------------------------
+
+
+class Flat:
+    """Latencies: a verify pass costs 10 ms whatever its tokens, a draft step (the jit backup's) `draft_ms`, the
+    pre-speculation nothing: only the backups differ in cost."""
+
+    def __init__(self, draft_ms: float):
+        self.draft_ms = draft_ms
+
+    def target_at(self, n):
+        return 10.0
+
+    def draft_at(self, rows):
+        return self.draft_ms if rows == 1 else 1e-6  # B >= 2 tree rows: free
+
+    def glue_at(self, n):
+        return 1e-6
+
+
+def backups_used(trace) -> set:
+    return {r.backup for r in trace.rounds if r.backup is not None}
+
+
+@pytest.mark.parametrize("draft_ms, same_as", [(0.001, "jit"), (1000.0, "fast")])
+def test_auto_runs_exactly_the_backup_the_latencies_favour(pair, draft_ms, same_as):
+    """A nearly free draft model: every miss is backed by it (jit); a dear one: by the n-gram (fast). Each run is then
+    the fixed backup's, token for token and hit for hit (the uniform fan-out ignores the estimates auto keeps)."""
+    forget_estimates()
+    common = dict(k=3, budget=4, temperature=1.0, max_new_tokens=40)
+    auto_tokens, auto = run(generate_ssd, pair, [5, 6, 7], seed=3, backup="auto", latencies=Flat(draft_ms), **common)
+    tokens, fixed = run(generate_ssd, pair, [5, 6, 7], seed=3, backup=same_as, **common)
+    assert backups_used(auto) == {same_as} == backups_used(fixed)
+    assert auto_tokens == tokens and [r.hit for r in auto.rounds] == [r.hit for r in fixed.rounds]
+
+
+def test_every_miss_scores_what_the_fast_backup_would_have_kept(pair):
+    """At each miss the n-gram proposal is scored against the tokens the target went on to produce. Where the fast
+    backup itself drafted that round (K = 8, the whole proposal), the score is exactly the count it accepted: a
+    one-hot draft token is accepted exactly when the target's token is it, at any temperature."""
+    forget_estimates()
+    config = SSDConfig(k=8, budget=4, temperature=1.0, max_new_tokens=120, backup="auto", latencies=Flat(1000.0))
+    _, trace = generate_ssd(pair, [7, 7, 1, 7, 7, 1, 7], config, torch.Generator().manual_seed(0))
+    drafted_by_ngram = [0] + [r + 1 for r, x in enumerate(trace.rounds) if x.backup == "fast"]
+    accepted = [trace.rounds[r].accepted for r in drafted_by_ngram if r < len(trace.rounds)]
+    scored = carried_calibrator(pair.draft, config).fast_matched
+    assert len(scored) >= 5 and scored == accepted[: len(scored)]
+    assert 0 < sum(scored) < 8 * len(scored)  # the proposals were partly right
 
 
 # ---- pieces ----------------------------------------------------------------------------------------------------
@@ -204,7 +262,7 @@ def test_cache_counts_hits_and_misses():
         (dict(saguaro_c=1.5), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
         (dict(saguaro_c=-0.1), "saguaro_c \\(C\\) must lie in \\[0, 1\\]"),
         (dict(fan_out_strategy="zipf"), "fan_out_strategy must be one of uniform, geometric, calibrated"),
-        (dict(backup="slow"), "backup must be one of jit, fast"),
+        (dict(backup="slow"), "backup must be one of jit, fast, auto"),
     ],
 )
 def test_bad_ssd_config_is_refused(options, match):

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ssd.outcomes import PowerLaw
+from ssd.outcomes import Calibrator, PowerLaw
 from ssd.profile import load
 from ssd.theory import expected_tokens
 from ssd.tuning import (choose_sd_k, choose_ssd_k_budget, predicted_hit_rate, sd_tokens_per_s, ssd_tokens_per_s)
@@ -21,6 +21,7 @@ class Latencies:
     verify_slope: float = 0.05  # a GPU-like pass: K + 1 tokens cost about one step
     draft_ms: float = 20.0
     draft_slope: float = 0.05
+    batch_size: int = 1  # the rows every pass was timed over
 
     def target_at(self, n):
         return self.verify_ms * (1 + self.verify_slope * (n - 1))
@@ -87,3 +88,53 @@ def test_on_the_measured_profile_every_candidate_is_priced():
 def test_bad_input_is_refused_in_one_line(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ---- the backup: jit or fast, by what each is predicted to give at the batch size ------------------------------------
+
+
+def fast(k):
+    """An n-gram that keeps one token of K at a miss (the draft keeps E(0.8, K))."""
+    return 1.0 + min(k, 1)
+
+
+@pytest.mark.parametrize("draft_ms, expected", [(1.0, "jit"), (400.0, "fast")])
+def test_auto_takes_the_jit_backup_while_drafting_is_cheap_and_the_fast_one_when_it_is_dear(draft_ms, expected):
+    lat = Latencies(draft_ms=draft_ms, draft_slope=0.0)
+    choice = choose_ssd_k_budget(0.8, LAW, lat, (4,), (8,), backup="auto", fast_tokens=fast)
+    assert choice.backup == expected
+    alone = choose_ssd_k_budget(0.8, LAW, lat, (4,), (8,), backup=expected, fast_tokens=fast)
+    assert (alone.tokens_per_s, alone.backup) == (choice.tokens_per_s, expected)
+    other = choose_ssd_k_budget(0.8, LAW, lat, (4,), (8,), backup={"jit": "fast", "fast": "jit"}[expected],
+                                fast_tokens=fast)
+    assert other.tokens_per_s < choice.tokens_per_s
+
+
+def test_the_batch_size_moves_the_choice_from_the_jit_backup_to_the_fast_one():
+    """The same per-pass latencies timed over b rows: a round waits for the jit draft unless all b sequences hit,
+    p_hit^b, so past some b the fast backup wins (Theorem 17)."""
+    chosen = [choose_ssd_k_budget(0.8, LAW, Latencies(draft_ms=5.0, batch_size=b), (4,), (8,), backup="auto",
+                                  fast_tokens=fast).backup for b in (1, 2, 4, 8, 16, 32)]
+    assert chosen[0] == "jit" and chosen[-1] == "fast"
+    assert chosen == sorted(chosen, key=["jit", "fast"].index)  # one crossover, never back
+
+
+def test_a_fast_miss_is_priced_at_the_fast_backups_tokens():
+    lat = Latencies(draft_ms=1.0)
+    best_case, _ = ssd_tokens_per_s(0.8, LAW, 4, 8, lat, backup="fast")  # no estimate: a fast miss as good as a hit
+    priced, _ = ssd_tokens_per_s(0.8, LAW, 4, 8, lat, backup="fast", fast_tokens=fast)
+    assert priced < best_case
+
+
+def test_the_fast_backups_tokens_follow_what_its_proposals_kept_and_a_p_stays_the_drafts():
+    calibrator = Calibrator(prior_a_p=0.6)
+    prior = 1 + sum(calibrator.prior_fast_a**i for i in range(1, 5))
+    assert calibrator.fast_tokens(4) == pytest.approx(prior)
+    for matched in [0, 8, 2, 0] * 50:
+        calibrator.update_fast(matched)
+    assert calibrator.fast_tokens(4) == pytest.approx(1 + (0 + 4 + 2 + 0) / 4, abs=0.05)  # min(matched, K) + 1
+    assert calibrator.fast_tokens(1) == pytest.approx(1 + 2 / 4, abs=0.05)
+    calibrator.update(0, 4, rank=3, model_drafted=False)  # an n-gram round: its rank counts, not its acceptance
+    assert (calibrator.a_p, calibrator.ranks["recovered"]) == (0.6, [3])
+    calibrator.update(4, 4, rank=None)
+    assert calibrator.a_p > 0.6
