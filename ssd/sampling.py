@@ -49,9 +49,15 @@ def sample_from_uniform(probs: torch.Tensor, u: torch.Tensor | float) -> torch.T
     u = torch.as_tensor(u, dtype=torch.float64, device=probs.device)
     x = (u * cdf[..., -1]).unsqueeze(-1)
     token = torch.searchsorted(cdf, x, right=True).squeeze(-1)
-    # u * total can round up to the total itself; the last token of positive mass is then the right answer.
-    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    return torch.minimum(token, last_positive)
+    # u * total can round up to the total itself: no cumulative sum exceeds it, and searchsorted answers V. The last
+    # token of positive mass is then the right answer (below the total the first sum above x always has mass). Found
+    # only where needed: that scan over V for every row cost the real draft's tree depth at 16 rows at T = 1 about 9%
+    # (161 against 177 ms, one thread, one run).
+    beyond = token == probs.shape[-1]
+    if beyond.any():
+        last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
+        token = torch.where(beyond, last_positive, token)
+    return token
 
 
 def draw(probs: torch.Tensor, u: torch.Tensor | float, greedy: bool) -> torch.Tensor:

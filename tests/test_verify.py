@@ -106,6 +106,9 @@ def test_inverse_cdf_skips_zero_mass_tokens_at_both_ends():
     assert int(sample_from_uniform(probs, 0.0)) == 1
     assert int(sample_from_uniform(probs, 0.5)) == 3
     assert int(sample_from_uniform(probs, 1.0 - 1e-17)) == 3  # rounds to the total: still a token of mass
+    rows = torch.stack([probs, dist(0.5, 0.5, 0.0, 0.0, 0.0)])  # a batch: only the first row rounds to its total
+    assert sample_from_uniform(rows, torch.tensor([1.0 - 1e-17, 0.7], dtype=torch.float64)).tolist() == [3, 1]
+    assert sample_from_uniform(rows, torch.tensor([0.2, 1.0 - 1e-17], dtype=torch.float64)).tolist() == [1, 1]
 
 
 def test_residual_of_equal_distributions_falls_back_to_p():
