@@ -134,6 +134,10 @@ class NgramProposer(Proposer):
     def propose(self, ks: dict[int, int], us: dict[int, torch.Tensor]) -> dict[int, Draft]:
         return {row: self._lookup(self.tokens[row], k) for row, k in ks.items()}
 
+    def lookahead(self, row: int, k: int) -> list[int]:
+        """The k tokens it would propose for the row now (the first of a longer lookahead are a shorter proposal)."""
+        return ngram_proposal(self.tokens[row], k, self.max_n)
+
     def _lookup(self, tokens: list[int], k: int) -> Draft:
         proposal = ngram_proposal(tokens, k, self.max_n)
         return Draft(proposal, one_hot(proposal, self.vocab_size, self.device), None, source="ngram")  # q: [k, V]

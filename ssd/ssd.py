@@ -28,7 +28,7 @@ from .cached_model import CachedModel
 from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
 from .checks import check_at_least, check_ssd, check_strategy
 from .outcomes import Calibrator, allocate, candidates, rank_of
-from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix, ngram_proposal
+from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
 from .sampling import uniforms
 from .trace import SSDRound, Stopwatch
 from .tuning import SSD_KS, carried_calibrator, on_auto, ssd_tuner, with_latencies
@@ -166,10 +166,11 @@ class Speculation:
         """The backup that drafts this row's next round if it missed: the configured one, or on auto the tuner's."""
         return self.tuner.choice.backup
 
-    def note_miss(self, tokens: list[int]) -> None:
-        """The row missed after `tokens`: keep the fast backup's proposal there, scored once the text is past it."""
+    def note_miss(self, start: int, proposal: list[int]) -> None:
+        """The row missed after `start` tokens: keep the fast backup's proposal there, scored once the text is past
+        it (where there are estimates to learn it)."""
         if self.calibrator:
-            self.fast_pending.append((len(tokens), ngram_proposal(tokens, FAST_HORIZON, self.config.ngram)))
+            self.fast_pending.append((start, proposal))
 
     def score_fast(self, tokens: list[int]) -> None:
         """Each kept proposal the committed tokens now reach past: the calibrator learns how many of its first tokens
@@ -236,7 +237,7 @@ class Speculator(Proposer):
         backed = {}
         for row in missed:
             self.drafter.fan_out[row] = self.sequences[row].f_next
-            self.sequences[row].note_miss(self.tokens[row])
+            self.sequences[row].note_miss(len(self.tokens[row]), self.backups["fast"].lookahead(row, FAST_HORIZON))
         for name, backup in self.backups.items():
             rows = [row for row in missed if self.sequences[row].backup == name]
             if rows:
