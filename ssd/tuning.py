@@ -238,9 +238,11 @@ def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
     budgets = BUDGETS if is_auto(config.budget) else (config.budget,)
 
     def decide() -> Choice:  # the miss rates are the calibrator's whatever the strategy that spends B
+        # once per K, not per (K, B): each is a pass over up to RANK_WINDOW scored misses, every round and row
+        fast = {k: calibrator.fast_tokens(k) for k in ks} if "fast" in backups_of(config.backup) else {}
         return choose_ssd_k_budget(calibrator.a_p, calibrator.miss_model(), latencies, ks, budgets,
                                    strategy=config.fan_out_strategy, backup=config.backup, r=config.r,
-                                   fast_tokens=calibrator.fast_tokens)
+                                   fast_tokens=fast.__getitem__)
     return Tuner(decide)
 
 
