@@ -16,8 +16,8 @@ step over n new tokens (the draft's logits after them).
   predicts faster (a round waits for a jit draft unless all b sequences hit, p_hit^b; a fast miss yields the tokens
   ``Calibrator.fast_tokens`` learnt from the n-gram proposals scored at each miss). See docs/tuning.md.
 
-``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``, ``--backup auto``): decided before the first round from a stated
-prior (acceptance rate ``a_p`` of the config, weighing ``PRIOR_WEIGHT`` tested tokens for SD and the calibrator's 8
+``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``, ``--backup auto``): decided before the first
+round from a stated prior (acceptance rate ``a_p`` of the config, weighing ``PRIOR_WEIGHT`` tested tokens for SD and the calibrator's 8
 for SSD, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's own estimates (the
 acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from code to prose moves
 its K and B. The latencies are the profile's (``ssd.profile.cached_profile``: measured once per machine, pair,
