@@ -18,11 +18,11 @@ step over n new tokens (the draft's logits after them).
 
 ``Tuner`` puts the choice into a run (``--k auto``, ``--budget auto``, ``--backup auto``): decided before the first
 round from a stated prior (acceptance rate ``a_p`` of the config, weighing ``PRIOR_WEIGHT`` tested tokens for SD and
-the calibrator's 8 for SSD, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's own estimates (the
-acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from code to prose moves
-its K and B. The latencies are the profile's (``ssd.profile.cached_profile``: measured once per machine, pair,
-precision and core set, then read from the user cache), not the run's own clock: the choices then depend only on the
-tokens.
+the calibrator's 8 for SSD, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's
+own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from
+code to prose moves its K and B. The latencies are the profile's (``ssd.profile.cached_profile``: measured once per
+machine, pair, precision and core set, then read from the user cache), not the run's own clock: the choices then
+depend only on the tokens.
 
 SSD on auto carries its estimates over answers (``carried_calibrator``): an answer starts where the last one the
 process decoded with the same draft model and settings left them, only the first from the prior. A dozen rounds of
