@@ -31,7 +31,7 @@ from .precision import capability, device_name, kind_line, kind_of, machine_kind
 from .checks import parse_variant
 from .methods import resolve
 from .prompts import encode
-from .theory import measured_theorem7, theorem7_from_profile
+from .theory import measured_theorem7, sd_from_profile, theorem7_from_profile
 from .trace import ForwardClock, Trace
 from .tuning import on_auto
 
@@ -169,7 +169,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
             contexts = {method: [encode(pair.tokenizer, group[i], answers[method][i]) for i in members]
                         for method in methods}
             order = methods[j % len(methods):] + methods[: j % len(methods)]
-            turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed + j,
+            turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed, j,
                                         profile, bar)
             _report_identity(pair, config, turn_rows, runs, contexts, seed + j)
             for row, (method, i, tokens, trace, frame) in zip(turn_rows, runs):
@@ -220,16 +220,18 @@ def _resume(checkpoint: str | None, identity: dict) -> tuple[list[dict], list[pd
     return state["rows"], [rounds] if len(rounds) else [], state["prompts_done"]
 
 
-def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], config, seed: int, profile, bar):
+def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], config, seed: int, first: int,
+              profile, bar):
     """Every method, in the given order, answers one turn of each member prompt from its own contexts, in calls of
-    its batch size (the call starting at member i with seed + i). Returns the rows and (method, member index,
-    tokens, trace, its frame or None) per answer."""
+    its batch size (the call starting at member i with seed + first + i; first: the index of the turn's first answer
+    over the run). A row's ``call`` is the index of its call's first answer: the answers of one call share it.
+    Returns the rows and (method, member index, tokens, trace, its frame or None) per answer."""
     rows, runs = [], []
     for method in order:
         b = batch_size_of(method, config)
         for start in range(0, len(members), b):
             bar.set_postfix_str(f"{_answer_id(members[start], turn)} {method}" + (f" x{b}" if b > 1 else ""))
-            answered = run_batch(method, pair, contexts[method][start : start + b], config, seed=seed + start)
+            answered = run_batch(method, pair, contexts[method][start : start + b], config, seed=seed + first + start)
             for i, (tokens, row, trace) in enumerate(answered, start=start):
                 prompt = members[i]
                 # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
@@ -238,7 +240,7 @@ def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], 
                     row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
                 rows.append({"prompt_id": _answer_id(prompt, turn), "category": prompt.category, "turn": turn + 1,
                              "prompt_tokens": len(contexts[method][i]), "target_dtype": pair.precisions.target,
-                             "draft_dtype": pair.precisions.draft, **row})
+                             "draft_dtype": pair.precisions.draft, "call": first + start, **row})
                 runs.append((method, i, tokens, trace, frame))
                 bar.update()
     return rows, runs
@@ -325,7 +327,24 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                                              ssd["e_miss"], fixed.backup, ssd["all_hit"]))
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
+    if profile is not None and config is not None:
+        for s in summary:
+            _add_sd_prediction(s, summary, profile, config)
     return summary
+
+
+def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
+    """SD's speed-up over AR predicted from the profile (``theory.sd_from_profile``) with the tokens its rounds
+    yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
+    speed-up (the profile's one-core rates do not carry over to SD's two cores; the ratio does)."""
+    fixed = resolve(s["method"], config)[1]
+    ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
+    if (parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not ar
+            or not ar[0]["decode_tokens_per_s"] or not s["decode_tokens_per_s"] or not _priced_by(profile, fixed)):
+        return
+    s.update(sd_from_profile(profile, fixed.k, s["mean_accepted"] + 1))
+    s["profile_tokens_per_s"] = ar[0]["decode_tokens_per_s"] * s["profile_speedup_vs_ar"]
+    s["decode_over_profile_prediction"] = s["decode_tokens_per_s"] / s["profile_tokens_per_s"]
 
 
 def by_category(rows: pd.DataFrame) -> list[dict]:

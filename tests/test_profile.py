@@ -12,8 +12,9 @@ from ssd import profile as prof
 from ssd.cli import main
 from ssd.models import load_pair
 from ssd.profile import Profile, cached_profile, forward_ms, measure
+from ssd.decoding import DecodeConfig
 from ssd.ssd import SSDConfig
-from ssd.theory import sd_speedup, theorem7_from_profile, theorem7_speedup
+from ssd.theory import sd_from_profile, sd_speedup, theorem7_from_profile, theorem7_speedup
 
 CORES = sorted(os.sched_getaffinity(0))
 V, D = str(CORES[0]), str(CORES[-1])
@@ -180,6 +181,33 @@ def test_the_bench_prices_a_method_only_with_a_profile_at_its_batch_size():
     at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
     summary = {s["method"]: s for s in bench.summarize(rows, rounds, at_two, config)}
     assert summary["ssd:batch_size=2"]["profile_tokens_per_s"] > 0 and "profile_tokens_per_s" not in summary["ssd"]
+
+
+def test_sd_from_a_profile_at_batch_size_b():
+    """SD's speed-up over AR from the curves: E / (c K + v); at b the verify pass over b (K + 1) tokens costs more
+    target steps, and the speed-up falls with it."""
+    out = sd_from_profile(synthetic_profile(), k=4, e=4.0)
+    assert (out["profile_c"], out["profile_v"]) == (pytest.approx(50 / 400), pytest.approx(1.0))
+    assert out["profile_speedup_vs_ar"] == pytest.approx(4.0 / (50 / 400 * 4 + 1.0))
+    at_b = dataclasses.replace(synthetic_profile(), batch_size=8, target_ms={1: 400.0, 5: 1000.0, 9: 1500.0})
+    slower = sd_from_profile(at_b, k=4, e=4.0)
+    assert slower["profile_v"] == pytest.approx(2.5) and slower["profile_speedup_vs_ar"] < out["profile_speedup_vs_ar"]
+
+
+def test_the_bench_predicts_sd_from_a_profile_at_its_batch_size_over_ar_at_that_size():
+    rows = pd.DataFrame({"method": ["ar:batch_size=2", "ar:batch_size=2", "sd:batch_size=2", "sd:batch_size=2"],
+                         "prompt_id": ["p", "q"] * 2, "new_tokens": [10] * 4, "wall_s": [4.0, 4.0, 2.0, 2.0],
+                         "batch_size": [2] * 4, "drafted": [0, 0, 8, 8], "accepted": [0, 0, 6, 6],
+                         "rounds": [10, 10, 4, 4], "drafting_rounds": [0, 0, 4, 4], "identical_to_target": [True] * 4,
+                         "prefill_s": [0.0] * 4, "prefill_tokens": [0] * 4})
+    at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
+    summary = {s["method"]: s for s in bench.summarize(rows, None, at_two, DecodeConfig(k=4))}
+    sd, ar = summary["sd:batch_size=2"], summary["ar:batch_size=2"]
+    speedup = sd_from_profile(at_two, 4, 6 / 4 + 1)["profile_speedup_vs_ar"]  # E: accepted per round + 1
+    assert sd["profile_tokens_per_s"] == pytest.approx(ar["decode_tokens_per_s"] * speedup)
+    assert sd["decode_over_profile_prediction"] == pytest.approx(sd["decode_tokens_per_s"] / sd["profile_tokens_per_s"])
+    at_one = {s["method"]: s for s in bench.summarize(rows, None, synthetic_profile(), DecodeConfig(k=4))}
+    assert "profile_tokens_per_s" not in at_one["sd:batch_size=2"]  # a b = 1 profile does not price b = 2
 
 
 def test_regime_reads_v_and_c_off_the_curves():
