@@ -135,6 +135,20 @@ def fitted_a_p(rounds: pd.DataFrame) -> float:
     return float(rounds.accepted.sum() / tested.sum())
 
 
+def estimates_apart(rounds: pd.DataFrame, budgets, k: int, a_p: float = 0.6, r: float = 0.5) -> pd.DataFrame:
+    """The calibrated fan-out with the backup-drafted rounds' estimates kept apart from the cache-drafted ones' (the
+    paper's two fan-out lists) against one set for both: counterfactual hit rate per (prompt, budget, apart), with
+    the share of rounds the backup drafted. Exact for runs with the jit backup and C = 1 (``counterfactual_hits``)."""
+    rows = []
+    for prompt_id, frame in rounds.groupby("prompt_id", sort=False):
+        for apart in (False, True):
+            hits = counterfactual_hits(frame, budgets, k, "calibrated", a_p=a_p, r=r, apart=apart)
+            for budget, g in hits.groupby("budget"):
+                rows.append({"prompt_id": prompt_id, "budget": budget, "apart": apart, "hit_rate": g.hit.mean(),
+                             "backed": g.backed.mean()})
+    return pd.DataFrame(rows)
+
+
 def ap_sensitivity(rounds: pd.DataFrame, budget: int, k: int, a_ps, r: float) -> pd.DataFrame:
     """Counterfactual hit rate per (prompt, assumed a_p) of the geometric fan-out at one budget, plus uniform's rows
     (assumed_a_p NaN): what believing the wrong acceptance rate costs."""

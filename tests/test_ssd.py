@@ -126,6 +126,20 @@ def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
         assert predicted[predicted.budget == b].hit.tolist() == [bool(r.hit) for r in trace_b.rounds]
 
 
+def test_counterfactual_estimates_kept_apart_for_backup_drafted_rounds(pair):
+    """apart: a round is backup-drafted at budget B exactly when the round before it missed at B (or it opens the
+    run); with every round backed (B = 0 never hits) the backed estimates see every round, as the shared ones do."""
+    _, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=8, k=3, temperature=0.8, max_new_tokens=50,
+                   fan_out_strategy="calibrated", a_p=0.8, r=0.7)
+    frame = trace.to_frame()
+    apart = counterfactual_hits(frame, [0, 2, 8], k=3, strategy="calibrated", a_p=0.8, r=0.7, apart=True)
+    for _, g in apart.groupby("budget"):
+        assert g.backed.tolist() == [True] + (~g.hit.to_numpy()[:-1]).tolist()
+    shared = counterfactual_hits(frame, [0, 2, 8], k=3, strategy="calibrated", a_p=0.8, r=0.7)
+    assert (shared.backed == apart.backed).loc[shared.budget == 0].all() and not apart[apart.budget == 0].hit.any()
+    assert apart[apart.budget == 8].hit.any() and set(apart.columns) == {"run", "round", "budget", "backed", "hit"}
+
+
 # ---- temperature > 0: Saguaro and the fast backup stay lossless -------------------------------------------------
 
 
