@@ -699,3 +699,54 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
         ax.set_title(title or "Timeline: who works when", fontsize="medium")
         fig.tight_layout()
     return fig
+
+
+def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None):
+    """One prompt set of the batch-size study (``ssd.batch_study.by_batch_size``), against b on a log2 axis, each
+    method in its colour: total tokens/s (mean over calls, 95% CI over calls where there were at least MIN_CI_N);
+    decode tokens/s measured (solid) beside the profile's prediction (dashed, open markers) with the measured and
+    predicted crossover b* of the two backups (`crossover`: ``ssd.batch_study.crossover``); per-sequence tokens/s
+    (what one user waits); and the measured all-hit rate of the pipeline beside p_hit^b."""
+    _check(summary, ["label", "batch_size", "tokens_per_s", "ci_low", "ci_high", "calls", "decode_tokens_per_s",
+                     "predicted", "sequence_tokens_per_s", "all_hit", "p_hit_to_b"], "batch_study")
+    labels = [str(m) for m in _order(summary["label"])]
+    pal = method_colours(labels)
+    with _styled():
+        fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), sharex=True)
+        for ax in axes.ravel():
+            ax.set_xscale("log", base=2)
+        total, decode, sequence, hits = axes.ravel()
+        for i, label in enumerate(labels):
+            s = summary[summary["label"] == label].sort_values("batch_size")
+            b = s["batch_size"].to_numpy(float)
+            err = np.vstack([s["tokens_per_s"] - s["ci_low"], s["ci_high"] - s["tokens_per_s"]]).astype(float)
+            err[:, ~(s["calls"].to_numpy(float) >= MIN_CI_N)] = np.nan
+            total.errorbar(_dodge(total, b, i, len(labels)), s["tokens_per_s"], yerr=err, fmt="o-", capsize=4,
+                           color=pal[label], label=label)
+            decode.plot(b, s["decode_tokens_per_s"], "o-", color=pal[label], label=f"{label}, measured")
+            if s["predicted"].notna().any():
+                decode.plot(b, s["predicted"], "o--", color=pal[label], markerfacecolor="none",
+                            label=f"{label}, predicted from the profile")
+            sequence.plot(b, s["sequence_tokens_per_s"], "o-", color=pal[label], label=label)
+            if s["all_hit"].notna().any():
+                hits.plot(b, s["all_hit"], "o-", color=pal[label], label=f"{label}, all hit (measured)")
+                hits.plot(b, s["p_hit_to_b"], "o:", color=pal[label], markerfacecolor="none",
+                          label=f"{label}, p_hit^b")
+        for key, style_ in (("measured", "-"), ("predicted", "--")):
+            if crossover and crossover.get(key):
+                decode.axvline(crossover[key], color="grey", linestyle=style_, linewidth=1,
+                               label=f"b* {key} (fast backup reaches jit)")
+        total.set(ylabel="tokens / s, all sequences",
+                  title=f"Throughput; bars: 95% CI over calls, where {MIN_CI_N} or more")
+        decode.set(ylabel="decode tokens / s", title="Decode: measured and predicted")
+        sequence.set(xlabel="batch size b", ylabel="tokens / s, one sequence", title="What one sequence waits")
+        hits.set(xlabel="batch size b", ylabel="rate", ylim=(-0.02, 1.02), title="Rounds in which every sequence hit")
+        b_values = sorted(summary["batch_size"].unique())
+        for ax in axes.ravel():
+            ax.set_xticks(b_values)
+            ax.set_xticklabels([str(int(b)) for b in b_values])
+            _legend_outside(ax)
+        fig.suptitle(title)
+        fig.tight_layout()
+    return fig
+

@@ -429,3 +429,23 @@ def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
         plots.timeline(sd, rounds=0)
     with pytest.raises(ValueError, match="missing"):
         plots.timeline(sd.spans_frame().drop(columns="lane"))
+
+
+def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover(tmp_path):
+    from tests.test_batch_study import study  # a synthetic study of known figures
+
+    summary = study(jit_decode=[5, 8, 10, 11, 11], fast_decode=[4, 7, 10.5, 12, 13], sd_total=[4, 6, 7, 8, 8],
+                    ar_total=[3, 5, 7, 9, 10])
+    fig = plots.batch_study(summary, "set", {"measured": 4, "predicted": 16})
+    total, decode, sequence, hits = fig.axes[:4]
+    colours = plots.method_colours(pd.unique(summary["label"]))
+    drawn = {line.get_label().split(", ")[0]: line.get_color() for line in decode.get_lines()
+             if line.get_label().endswith("measured") and not line.get_label().startswith("b*")}
+    assert set(drawn) == set(colours) and all(tuple(c) == tuple(colours[m]) for m, c in drawn.items())
+    assert {line.get_label() for line in decode.get_lines()} >= {
+        "sd, measured", "ssd-pipeline:jit, predicted from the profile", "b* measured (fast backup reaches jit)",
+        "b* predicted (fast backup reaches jit)"}
+    assert all(0 <= y <= 1 for line in hits.get_lines() for y in line.get_ydata())  # rates stay rates
+    assert total.get_xscale() == "log" and list(total.get_xticks()) == [1, 2, 4, 8, 16]
+    plots.save(fig, tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 0
