@@ -336,7 +336,8 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
 def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
     """SD's speed-up over AR predicted from the profile (``theory.sd_from_profile``) with the tokens its rounds
     yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
-    speed-up (the profile's one-core rates do not carry over to SD's two cores; the ratio does)."""
+    speed-up (the profile's one-core rates do not carry over to SD's two cores; its ratios do, roughly: a verify
+    pass gains more from the second core than a step, docs/findings.md, the batch-size study)."""
     fixed = resolve(s["method"], config)[1]
     ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
     if (parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not ar
