@@ -4,8 +4,8 @@ A sweep point is one side-by-side bench at one batch size b on one prompt set. `
 table the sweep keeps: one row per (method, call), a call being one batch of b prompts decoded together (its rows
 share every forward and its wall time), with the whole run's figures per method beside it (``run_`` columns: the
 measured rates, Theorem 7 and SD's speed-up fed by the profile timed at b). The calls are the samples of the study:
-the answers of one call are not independent, so intervals are over calls (16 prompts: 16 calls at b = 1, one at
-b = 16, which gets none).
+the answers of one call are not independent, so intervals are over calls (16 prompts: 16 calls at b = 1; two at
+b = 8 and one at b = 16, which get none: a t-interval needs ``experiments.MIN_CI_N`` values).
 
 The rest reads the kept table back: tokens/s per method and b with those intervals, predicted beside measured, the
 all-hit rate beside p_hit^b, the crossover b* of the two backups and SD's break-even batch size.
@@ -60,7 +60,8 @@ def point_table(result: dict, prompts: str, **about) -> pd.DataFrame:
 
 def by_batch_size(table: pd.DataFrame) -> pd.DataFrame:
     """Per (prompts, label, batch_size): total tokens/s (all calls' tokens over their time: the run's figure) with a
-    95% t-interval over calls of the call's tokens/s (none from one call), per-sequence tokens/s, decode tokens/s
+    95% t-interval over calls of the call's tokens/s (none from fewer than MIN_CI_N calls), per-sequence tokens/s,
+    decode tokens/s
     beside its prediction from the profile, and the rates behind it."""
     keys = ["prompts", "label", "batch_size"]
     ci = mean_ci(table, keys, "tokens_per_s").rename(columns={"mean": "call_mean", "n": "calls"})
