@@ -61,8 +61,7 @@ def point_table(result: dict, prompts: str, **about) -> pd.DataFrame:
 def by_batch_size(table: pd.DataFrame) -> pd.DataFrame:
     """Per (prompts, label, batch_size): total tokens/s (all calls' tokens over their time: the run's figure) with a
     95% t-interval over calls of the call's tokens/s (none from fewer than MIN_CI_N calls), per-sequence tokens/s,
-    decode tokens/s
-    beside its prediction from the profile, and the rates behind it."""
+    decode tokens/s beside its prediction from the profile, and the rates behind it."""
     keys = ["prompts", "label", "batch_size"]
     ci = mean_ci(table, keys, "tokens_per_s").rename(columns={"mean": "call_mean", "n": "calls"})
     first = table.groupby(keys, sort=False).first().reset_index()
