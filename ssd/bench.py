@@ -338,10 +338,11 @@ def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
     yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
     speed-up (the profile's one-core rates do not carry over to SD's two cores; its ratios do, roughly: a verify
     pass gains more from the second core than a step, docs/findings.md, the batch-size study)."""
+    if parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not s["decode_tokens_per_s"]:
+        return
     fixed = resolve(s["method"], config)[1]
     ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
-    if (parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not ar
-            or not ar[0]["decode_tokens_per_s"] or not s["decode_tokens_per_s"] or not _priced_by(profile, fixed)):
+    if not ar or not ar[0]["decode_tokens_per_s"] or not _priced_by(profile, fixed):
         return
     s.update(sd_from_profile(profile, fixed.k, s["mean_accepted"] + 1))
     s["profile_tokens_per_s"] = ar[0]["decode_tokens_per_s"] * s["profile_speedup_vs_ar"]

@@ -749,4 +749,3 @@ def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None
         fig.suptitle(title)
         fig.tight_layout()
     return fig
-

@@ -48,7 +48,7 @@ from .cores import check_cores, pinned
 from .devices import synchronize
 from .files import atomic_path, cache_dir
 from .precision import RULE, capability, kind_of, machine_kind, weight_bytes
-from .theory import sd_speedup
+from .theory import expected_tokens, sd_from_profile
 
 CONTEXT = 128  # tokens already in the KV cache when a pass is timed
 # K + 1 for K = 0..8, every draft length the tuner weighs (here a pass over 4 tokens cost what one over 5 did, 6%
@@ -357,11 +357,11 @@ def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:
     """The two ratios that decide what SD can gain (docs/precision.md, "The regime"): v, a verify pass over K + 1
     tokens in one-token steps, and c, a draft step over a target step; and SD's speed-up E / (c K + v) they give at
     acceptance a. Also the one-token step beside its memory floor."""
-    step, draft = profile.target_ms[min(profile.target_ms)], profile.draft_ms[min(profile.draft_ms)]
-    v, c = profile.target_at(k + 1) / step, draft / step
-    return {"target": profile.precisions["target"], "draft": profile.precisions["draft"], "step_ms": step,
-            "floor_ms": profile.floor_ms("target"), f"verify_{k + 1}_ms": profile.target_at(k + 1), "v": v,
-            "draft_ms": draft, "c": c, f"sd_speedup_at_a_{a:g}": sd_speedup(a, k, c, v)}
+    sd = sd_from_profile(profile, k, expected_tokens(a, k))  # c and v, read where the batch study reads them
+    return {"target": profile.precisions["target"], "draft": profile.precisions["draft"],
+            "step_ms": profile.target_at(1), "floor_ms": profile.floor_ms("target"),
+            f"verify_{k + 1}_ms": profile.target_at(k + 1), "v": sd["profile_v"], "draft_ms": profile.draft_at(1),
+            "c": sd["profile_c"], f"sd_speedup_at_a_{a:g}": sd["profile_speedup_vs_ar"]}
 
 
 def save(profile: Profile, path) -> None:
