@@ -28,10 +28,13 @@ RUN_COLUMNS = ["tokens_per_s", "decode_tokens_per_s", "sequence_tokens_per_s", "
                "profile_speedup_vs_ar", "profile_t_p", "profile_t_b", "decode_over_profile_prediction",
                "t_p", "t_b", "verify_s", "tokens_per_verify", "identical_to_target", "identical_share",
                "differences_at_near_ties"]
+# How a call's rounds went (``call_rounds``; ``round_account`` reads them): its rounds, the share of row-rounds still
+# live, and the verifier's time in its verify steps and waiting for drafts
+ROUND_COLUMNS = ["rounds", "live_share", "verify_s", "wait_s"]
 CALL_COLUMNS = ["method", "batch_size", "call", "answers", "new_tokens", "wall_s", "tokens_per_s",
                 "sequence_tokens_per_s", "decode_tokens_per_s", "identical_to_target", "identical_share",
                 "differences_at_near_ties",
-                *FORWARD_COLUMNS]
+                *FORWARD_COLUMNS, *ROUND_COLUMNS]
 
 
 def label(method: str) -> str:
@@ -50,12 +53,40 @@ def point_table(result: dict, prompts: str, **about) -> pd.DataFrame:
     calls = pd.DataFrame([summarize(g)[0] | g.iloc[0].reindex(FORWARD_COLUMNS).to_dict()
                           | {"call": call, "answers": len(g)}
                           for (_, call), g in rows.groupby(["method", "call"], sort=False)])
+    calls = calls.merge(call_rounds(rows, result.get("spans")), on=["method", "call"], how="left")
     calls = calls.reindex(columns=CALL_COLUMNS)
     run = pd.DataFrame(result["summary"]).set_index("method").reindex(columns=RUN_COLUMNS).add_prefix("run_")
     table = calls.join(run, on="method")
     table.insert(0, "prompts", prompts)
     table.insert(2, "label", table["method"].map(label))
     return table.assign(**about)
+
+
+def call_rounds(rows: pd.DataFrame, spans: list[dict] | None) -> pd.DataFrame:
+    """Per (method, call): its rounds (the most any of its rows ran: the call lasts until its last row is done), the
+    live share (its rows' rounds over answers x rounds: below 1 where rows finished early and later rounds ran with
+    fewer, which a prediction for a full batch of b does not price) and, from the call's spans (the batch's, the same
+    on each of its rows: its first row's are read), the seconds of its verify steps and of its waits for drafts
+    (the pipeline's verifier; 0 for a method that never waits). AR's and SD's first round feeds the prompts, so
+    their verify time holds the prompts' pass; the pipeline's verifier passes the prompts before its first round."""
+    by_call = rows.groupby(["method", "call"], sort=False)
+    out = by_call.agg(rounds=("rounds", "max"), row_rounds=("rounds", "sum"), answers=("rounds", "size"),
+                      first=("prompt_id", "first")).reset_index()
+    out["live_share"] = out["row_rounds"] / (out["answers"] * out["rounds"])
+    out = out.drop(columns=["row_rounds", "answers"])
+    frame = pd.DataFrame(spans or [])
+    if "call" not in frame:  # a bench from before its spans named their call
+        return out.drop(columns="first").assign(verify_s=float("nan"), wait_s=float("nan"))
+    frame = frame.merge(out[["method", "call", "first"]], on=["method", "call"])
+    frame = frame[frame["prompt_id"] == frame["first"]]
+    seconds = (frame["end_s"] - frame["start_s"]).groupby([frame["method"], frame["call"], frame["phase"]]).sum()
+    phases = seconds.unstack("phase").reindex(columns=["verify_s", "wait_s"]) if len(seconds) else None
+    out = out.drop(columns="first")
+    if phases is None:
+        return out.assign(verify_s=float("nan"), wait_s=float("nan"))
+    out = out.merge(phases.reset_index(), on=["method", "call"], how="left")
+    out.loc[out["verify_s"].notna(), "wait_s"] = out["wait_s"].fillna(0.0)  # timed passes, never a wait: 0
+    return out
 
 
 def by_batch_size(table: pd.DataFrame) -> pd.DataFrame:
@@ -119,7 +150,11 @@ def theorem17(summary: pd.DataFrame, jit: str = "ssd-pipeline:jit", fast: str = 
 def auto_over_fixed(summary: pd.DataFrame, auto: str = "ssd-pipeline:auto",
                     fixed: tuple[str, ...] = ("ssd-pipeline:jit", "ssd-pipeline:fast")) -> pd.DataFrame:
     """Per prompt set and b: the auto backup's decode tokens/s over the better fixed backup's, and over jit's; with
-    the share of misses auto gave the fast backup."""
+    the share of misses auto gave the fast backup. None of them for a table without all three (a sweep may run a
+    subset of the backups): no rows."""
+    columns = ["better fixed", "auto_over_better", "auto_over_jit", "fast share of misses"]
+    if not {auto, *fixed} <= set(summary["label"]):
+        return pd.DataFrame(columns=columns, index=pd.MultiIndex.from_tuples([], names=["prompts", "batch_size"]))
     wide = summary.pivot_table(index=["prompts", "batch_size"], columns="label", values="decode_tokens_per_s",
                                sort=False)
     shares = summary[summary["label"] == auto].set_index(["prompts", "batch_size"])["fast_share"]
@@ -144,3 +179,42 @@ def forward_times(table: pd.DataFrame) -> pd.DataFrame:
     step = out[out["label"] == "ar"].set_index(["prompts", "batch_size"])["forward_ms"]
     return out.assign(over_ar_step=out["forward_ms"] / step.reindex(
         pd.MultiIndex.from_frame(out[["prompts", "batch_size"]])).to_numpy())
+
+
+def round_account(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (prompts, label, batch_size) of the pipeline, the mean round of its calls in ms as the verifier spent it,
+    beside the round its prediction prices.
+
+    Measured (each call's time after its first target forward, the prompts' pass, over its rounds): the target's
+    forward, the rest of the verify step (the host's check: accept/reject, the caches), the wait for the next drafts,
+    and the rest (between rounds, and before the first: the drafter's own prompt pass and first drafts). Predicted:
+    the profile's verify pass at b times max(1, T_p) + (1 - all_hit) T_b (``theory.pipelined_speedup``), of which
+    the wait is all but one pass. With the live share (``call_rounds``) this accounts for measured over predicted
+    (kept beside it): ``accounted`` = live_share x predicted round / measured round, since a prediction for a full
+    batch of b also assumes every row lives every round; the two agree where the run's tokens per round are what
+    the prediction was fed. Only calls whose rounds were timed (a table from before the round columns has none)."""
+    keys = ["prompts", "label", "batch_size"]
+    missing = [c for c in ROUND_COLUMNS if c not in table]
+    timed = table.reindex(columns=[*table.columns, *missing]).dropna(subset=["verify_s"])
+    timed = timed[timed["label"].str.startswith("ssd-pipeline")]
+    timed = timed.assign(decode_s=timed["wall_s"] - timed["first_target_forward_s"],
+                         forwards_s=timed["target_forward_s"] - timed["first_target_forward_s"],
+                         row_rounds=timed["live_share"] * timed["answers"] * timed["rounds"],
+                         all_rounds=timed["answers"] * timed["rounds"])
+    g = timed.groupby(keys, sort=False)
+    sums = g[["decode_s", "forwards_s", "verify_s", "wait_s", "rounds", "row_rounds", "all_rounds"]].sum()
+    per_round = sums[["decode_s", "forwards_s", "verify_s", "wait_s"]].div(sums["rounds"], axis=0) * 1000
+    out = pd.DataFrame({"live_share": sums["row_rounds"] / sums["all_rounds"], "round_ms": per_round["decode_s"],
+                        "forward_ms": per_round["forwards_s"], "wait_ms": per_round["wait_s"],
+                        "check_ms": per_round["verify_s"] - per_round["forwards_s"]})
+    out["between_ms"] = out["round_ms"] - out[["forward_ms", "check_ms", "wait_ms"]].sum(axis=1)
+    out = out[["live_share", "round_ms", "forward_ms", "check_ms", "wait_ms", "between_ms"]]
+    run = g[["profile_verify_ms", "run_profile_t_p", "run_profile_t_b", "run_all_hit",
+             "run_decode_over_profile_prediction"]].first()
+    waits = (run["run_profile_t_p"].clip(lower=1) - 1 + (1 - run["run_all_hit"]) * run["run_profile_t_b"])
+    out["predicted_round_ms"] = run["profile_verify_ms"] * (1 + waits)
+    out["predicted_pass_ms"] = run["profile_verify_ms"]
+    out["predicted_wait_ms"] = run["profile_verify_ms"] * waits
+    out["measured_over_predicted"] = run["run_decode_over_profile_prediction"]
+    out["accounted"] = out["live_share"] * out["predicted_round_ms"] / out["round_ms"]
+    return out.reset_index()

@@ -176,7 +176,8 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
                 answers[method][members[i]].append(_without_eos(tokens, pair.eos_token_ids))
                 if frame is not None:
                     rounds.append(frame)
-                spans += trace.spans_frame().assign(method=method, prompt_id=row["prompt_id"]).to_dict("records")
+                spans += trace.spans_frame().assign(method=method, prompt_id=row["prompt_id"],
+                                                       call=row["call"]).to_dict("records")
             rows += turn_rows
             j += len(members)
         if checkpoint:

@@ -84,6 +84,8 @@ def test_auto_is_held_against_the_better_fixed_backup_at_each_b():
     assert list(auto["better fixed"]) == [JIT, JIT, FAST, FAST, FAST]
     assert auto["auto_over_better"].tolist() == pytest.approx([0.97] * 5)
     assert auto.loc[16, "auto_over_jit"] == pytest.approx(13 * 0.97 / 11)
+    without = batch_study.auto_over_fixed(summary[summary["label"] != "ssd-pipeline:auto"])
+    assert without.empty and "auto_over_better" in without  # a sweep of the fixed backups only: nothing to hold
 
 
 def test_a_label_names_the_backup_a_variant_sets():
@@ -107,3 +109,54 @@ def test_a_bench_becomes_one_row_per_method_and_call(pair):
         # the calls' tokens over their time is the run's figure
         assert (g["new_tokens"].sum() / g["wall_s"].sum()) == pytest.approx(summary[method]["tokens_per_s"])
     assert set(table["machine"]) == {"here"} and set(table["prompts"]) == {"prose[0:4]"}
+    # each call's rounds: the most of its rows', every row live in each (AR) or some finished early (SD at b = 2)
+    rows = pd.DataFrame(result["rows"])
+    assert table.set_index(["method", "call"])["rounds"].to_dict() == rows.groupby(["method", "call"])["rounds"].max(
+        ).to_dict()
+    assert table.loc[table["method"].str.startswith("ar"), "live_share"].eq(1.0).all()
+    assert table["live_share"].between(0.5, 1.0).all()
+    # the verify steps fit in the call (AR's and SD's first round feeds the prompts: its pass is in their verify time,
+    # so at least the call's first target forward is); nothing here waits for drafts
+    assert (table["verify_s"] >= table["first_target_forward_s"]).all() and (table["verify_s"] <= table["wall_s"]).all()
+    assert table["wait_s"].eq(0).all()
+
+
+def test_a_calls_rounds_and_verifier_time_come_from_its_first_rows_spans():
+    rows = pd.DataFrame({"method": "p", "call": [0, 0, 2, 2], "prompt_id": list("abcd"), "rounds": [10, 6, 4, 4]})
+    spans = []
+    for row in "abcd":  # the batch's spans, on each of its rows: read once per call, not once per row
+        for i in range(10 if row in "ab" else 4):
+            spans += [{"method": "p", "call": 0 if row in "ab" else 2, "prompt_id": row, "round": i, "phase": phase,
+                       "start_s": i, "end_s": i + length} for phase, length in
+                      [("verify_s", 0.5), ("wait_s", 0.25), ("prespec_s", 0.4)]]
+    got = batch_study.call_rounds(rows, spans).set_index("call")
+    assert got["rounds"].to_dict() == {0: 10, 2: 4} and got["live_share"].to_dict() == {0: 0.8, 2: 1.0}
+    assert got["verify_s"].to_dict() == {0: 5.0, 2: 2.0} and got["wait_s"].to_dict() == {0: 2.5, 2: 1.0}
+    # a bench whose spans name no call (or none kept): the rounds are known, the times are not
+    old = batch_study.call_rounds(rows, [{k: v for k, v in s.items() if k != "call"} for s in spans])
+    assert old["live_share"].tolist() == [0.8, 1.0] and old[["verify_s", "wait_s"]].isna().all().all()
+
+
+def test_a_round_is_accounted_for_and_beside_the_round_its_prediction_prices():
+    timed = {"prompts": "set", "label": JIT, "batch_size": 2, "answers": 2, "rounds": 10, "live_share": 0.75,
+             "wall_s": 12.0, "first_target_forward_s": 2.0, "target_forward_s": 8.0, "verify_s": 7.0, "wait_s": 2.0,
+             "profile_verify_ms": 500.0, "run_profile_t_p": 1.2, "run_profile_t_b": 0.5, "run_all_hit": 0.6,
+             "run_decode_over_profile_prediction": 0.6}
+    table = pd.DataFrame([timed, timed | {"live_share": 1.0}, timed | {"label": FAST, "verify_s": None},
+                          timed | {"label": "sd"}])
+    got = batch_study.round_account(table).set_index("label")
+    # the pipeline's calls whose rounds were timed: not one kept before the round columns, nor another method's
+    assert list(got.index) == [JIT]
+    p = got.loc[JIT]
+    # two calls of 10 rounds, 10 s after the prompts' pass each: 1000 ms a round, of which 600 forward, 100 check,
+    # 200 wait, 100 between
+    assert p["round_ms"] == pytest.approx(1000) and p["forward_ms"] == pytest.approx(600)
+    assert p["check_ms"] == pytest.approx(100) and p["wait_ms"] == pytest.approx(200)
+    assert p["between_ms"] == pytest.approx(100)
+    assert p["live_share"] == pytest.approx(35 / 40)  # rows' rounds over answers x rounds, over both calls
+    # the prediction's round: a pass, the drafter's 0.2 pass beyond it, the jit draft in the 40% of rounds that wait
+    assert p["predicted_wait_ms"] == pytest.approx(500 * (0.2 + 0.4 * 0.5))
+    assert p["predicted_pass_ms"] == 500 and p["predicted_round_ms"] == pytest.approx(500 + p["predicted_wait_ms"])
+    assert p["measured_over_predicted"] == 0.6
+    assert p["accounted"] == pytest.approx(35 / 40 * p["predicted_round_ms"] / 1000)
+    assert batch_study.round_account(table.drop(columns=batch_study.ROUND_COLUMNS)).empty
