@@ -34,14 +34,15 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
 		--store data/profiles --figure figures/profile_float32.png
 
-# The sweeps behind docs/findings.md (resumable: a rerun skips the points already in data/). About 7 hours on
+# The sweeps behind docs/findings.md (resumable: a rerun skips the points already in data/). About 8 hours on
 # a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the wall-clock grid at the auto precision 54
-# minutes and the batch-size study (notebook 08) about 4 hours, which must run alone.
+# minutes, the batch-size study (notebook 08) about 4 hours and its round account 1 hour, which must run alone.
 sweep: $(STAMP)
 	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/wall_clock.yaml --jobs 1
 	$(BIN)/python -m ssd sweep sweeps/batches.yaml --jobs 1
+	$(BIN)/python -m ssd sweep sweeps/batch_rounds.yaml --jobs 1
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
