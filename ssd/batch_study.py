@@ -75,15 +75,14 @@ def call_rounds(rows: pd.DataFrame, spans: list[dict] | None) -> pd.DataFrame:
     out["live_share"] = out["row_rounds"] / (out["answers"] * out["rounds"])
     out = out.drop(columns=["row_rounds", "answers"])
     frame = pd.DataFrame(spans or [])
-    if "call" not in frame:  # a bench from before its spans named their call
-        return out.drop(columns="first").assign(verify_s=float("nan"), wait_s=float("nan"))
-    frame = frame.merge(out[["method", "call", "first"]], on=["method", "call"])
-    frame = frame[frame["prompt_id"] == frame["first"]]
-    seconds = (frame["end_s"] - frame["start_s"]).groupby([frame["method"], frame["call"], frame["phase"]]).sum()
-    phases = seconds.unstack("phase").reindex(columns=["verify_s", "wait_s"]) if len(seconds) else None
+    if "call" in frame:
+        frame = frame.merge(out[["method", "call", "first"]], on=["method", "call"])
+        frame = frame[frame["prompt_id"] == frame["first"]]
     out = out.drop(columns="first")
-    if phases is None:
+    if "call" not in frame or frame.empty:  # a bench from before its spans named their call, or none kept
         return out.assign(verify_s=float("nan"), wait_s=float("nan"))
+    seconds = (frame["end_s"] - frame["start_s"]).groupby([frame["method"], frame["call"], frame["phase"]]).sum()
+    phases = seconds.unstack("phase").reindex(columns=["verify_s", "wait_s"])
     out = out.merge(phases.reset_index(), on=["method", "call"], how="left")
     out.loc[out["verify_s"].notna(), "wait_s"] = out["wait_s"].fillna(0.0)  # timed passes, never a wait: 0
     return out
