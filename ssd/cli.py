@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--reps", type=int, default=5, help="timed forwards per point, after a warm-up (median; default 5)")
     pr.add_argument("--batch-size", type=int, default=1, help="b: time every pass over b rows at once, as a batched "
                     "run makes it (the target over b x n tokens, the draft's tree over b x B rows; default 1)")
+    pr.add_argument("--random-weights", action="store_true", help="time the named pair's architecture with random "
+                    "weights, where its weights are not installed (a pass's time depends on the shapes, not the "
+                    "values; ssd.shapes); auto precisions are then the GPU's own, float32 on a CPU")
     pr.add_argument("--json", default=None, help="write the profile here")
     pr.add_argument("--store", default=None, help="also keep it in this folder of stored profiles (data/profiles), "
                     "named by the pair, its precisions and the kind of machine; notebooks read it there")

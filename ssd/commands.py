@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import torch
 
-from . import bench, course, experiments, gpu_check, profile, sweep
+from . import bench, course, experiments, gpu_check, profile
 from .checks import check_strategy, parse_methods, parse_variant
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
@@ -19,6 +19,7 @@ from .models import DEFAULT_PAIR, PAIRS, load_pair
 from .pipeline import PipelineConfig
 from .precision import capability_line
 from .prompts import Prompt, encode, first_turns, load_prompts
+from .shapes import random_pair
 from .ssd import SSDConfig
 from .transport import env_rank
 from .tuning import is_auto, on_auto
@@ -162,6 +163,8 @@ def cmd_course(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from . import sweep  # it imports nbformat: the other commands run where only the kit's core packages are
+
     grid = sweep.load_grid(args.grid)
     try:
         failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=args.data_dir, runs_dir=args.runs_dir,
@@ -179,7 +182,8 @@ def cmd_sweep(args) -> int:
 def cmd_profile(args) -> None:
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")
-    pair = load(args)
+    pair = random_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype,
+                       device=resolve_device(args.device)) if args.random_weights else load(args)
     result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps,
                              batch_size=args.batch_size)
     frame = result.to_frame()

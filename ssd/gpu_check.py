@@ -5,14 +5,21 @@
    device, the bfloat16 near-tie rule, the tree mask against branch-by-branch drafting, Saguaro's output distribution,
    and the pipeline across two GPUs where there are two.
 3. The offline pair's float32 weight cache, built if missing (its own step, so the benches' times are their own).
+   Where the pair's part packages are not installed (a GPU machine that reaches no registry), this step is skipped,
+   said, and the benches run on the tiny random pair: the code paths and the losslessness checks, not the speed.
 4. A short bench, each in its own process: ar, hf-ar, sd, hf-sd and ssd (and ssd-pipeline with two GPUs) on 8
    HumanEval prompts x 64 tokens, greedy, K = 4, in float32 (every output must be the target's), then at the GPU's
    default precision (bfloat16; float16 where the GPU lacks it, and on MPS), where every difference from AR must sit
    at a near-tie of the target's top two logits; skipped, and said, if it would not fit in what is left of the time.
-5. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
-   and time, the bench results, and the headline checks. The exit status is 0 only if every check held.
+5. The offline pair's latency profile at the GPU's precision and batch sizes 1 to 64, in its shapes with random
+   weights (``ssd.shapes``: a pass's time depends on the shapes, not the values), so it is measured even where the
+   weights are not: a verify pass over b x (K + 1) tokens in one-token steps (v), a draft step over a target step
+   (c), and SD's speed-up E / (cK + v) these give at a few acceptance rates.
+6. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
+   and time, the bench results, the profiles, and the headline checks. The exit status is 0 only if every check held.
 
-It installs nothing: the README's set-up (`make install`) is all it needs.
+It installs nothing: the README's set-up (`make install`) is all it needs; without the pair's packages or the notebook
+packages it still runs (step 3).
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ import torch
 
 from .devices import accelerator, why_no_cuda
 from .files import write_json
-from .names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT
+from .gguf_store import ModelPartError, part_paths
+from .models import PAIRS
+from .names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, TINY_PAIR
 from .precision import accelerator_precision, device_name
 
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
@@ -38,9 +47,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests" / "test_gpu.py"
 PAIR = "qwen2.5-coder"
 METHODS = ["ar", "hf-ar", "sd", "hf-sd", "ssd"]
-BENCH = ["--pair", PAIR, "--prompts", "humaneval:8", "--max-new-tokens", "64", "--temperature", "0", "-k", "4",
-         "--seed", "0"]
+BENCH = ["--prompts", "humaneval:8", "--max-new-tokens", "64", "--temperature", "0", "-k", "4", "--seed", "0"]
 TAIL = 20  # lines of a step's output kept in the record
+SHAPES_S = 300.0  # the profiles take about a minute on a GPU; this bounds a hang
+SHAPE_BATCHES = (1, 4, 16, 64)
+SHAPE_K = 4  # the draft length v and SD's speed-up are given at
+SHAPE_ACCEPTANCE = (0.6, 0.8, 0.9)  # about prose, between, code (the offline pair's greedy agreement, MODELS.md)
 
 
 def no_gpu_message() -> str:
@@ -81,15 +93,56 @@ def bench_methods(device: torch.device, gpus: int) -> list[str]:
     return METHODS + (["ssd-pipeline"] if device.type == "cuda" and gpus >= 2 else [])
 
 
-def bench_step(run, python: str, device, precision: str, methods: list[str], timeout_s: float) -> dict:
-    """One bench in its own process; the step's record with the bench's JSON under "result" (None if it failed)."""
+def pair_missing() -> str | None:
+    """None where the offline pair's part packages are installed; else why they are not (the first one missing)."""
+    try:
+        for spec in (PAIRS[PAIR].draft, PAIRS[PAIR].target):
+            part_paths(spec)
+    except ModelPartError as e:
+        return str(e)
+    return None
+
+
+def step_with_json(run, command: list[str], timeout_s: float) -> dict:
+    """run(command + [a temporary JSON path]); the step's record with that JSON under "result" (None if it failed)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "bench.json"
-        command = [python, "-m", "ssd", "bench", "--device", str(device), "--methods", ",".join(methods), *BENCH,
-                   "--target-dtype", precision, "--draft-dtype", precision, "--json", str(path)]
-        step = run(command, timeout_s)
+        path = pathlib.Path(tmp) / "result.json"
+        step = run(command + [str(path)], timeout_s)
         step["result"] = json.loads(path.read_text()) if step["returncode"] == 0 and path.is_file() else None
     return step
+
+
+def bench_step(run, python: str, device, precision: str, methods: list[str], timeout_s: float, pair: str) -> dict:
+    """One bench in its own process."""
+    command = [python, "-m", "ssd", "bench", "--device", str(device), "--pair", pair, "--methods", ",".join(methods),
+               *BENCH, "--target-dtype", precision, "--draft-dtype", precision, "--json"]
+    return step_with_json(run, command, timeout_s)
+
+
+def shapes_step(run, python: str, device, precision: str, timeout_s: float) -> dict:
+    """The profiles of the pair's shapes (profile_shapes) in their own process."""
+    code = ("import sys; from ssd.gpu_check import profile_shapes; "
+            f"profile_shapes({str(device)!r}, {precision!r}, sys.argv[1])")
+    return step_with_json(run, [python, "-c", code], timeout_s)
+
+
+def profile_shapes(device: str, precision: str, out: str, batches=SHAPE_BATCHES) -> None:
+    """The offline pair's profile in its shapes with random weights at each batch size, summed up into JSON at out."""
+    from . import profile
+    from .shapes import random_pair
+    from .theory import expected_tokens, sd_from_profile
+
+    pair = random_pair(PAIR, target_dtype=precision, draft_dtype=precision, device=device)
+    rows = []
+    for b in batches:
+        measured = profile.measure(pair, batch_size=b, progress=False)
+        sd = {str(a): sd_from_profile(measured, SHAPE_K, expected_tokens(a, SHAPE_K)) for a in SHAPE_ACCEPTANCE}
+        first = next(iter(sd.values()))
+        rows.append({"batch_size": b, "target_step_ms": measured.target_at(1), "draft_step_ms": measured.draft_at(1),
+                     "c": first["profile_c"], "v": first["profile_v"],
+                     "sd_speedup": {a: s["profile_speedup_vs_ar"] for a, s in sd.items()},
+                     "target_floor_ms": measured.floor_ms("target"), "profile": measured.to_dict()})
+    write_json(out, {"pair": pair.name, "precisions": pair.precisions.as_dict(), "k": SHAPE_K, "rows": rows})
 
 
 def verdicts(benches: dict) -> dict:
@@ -121,8 +174,9 @@ def passed(record: dict) -> bool:
     ran = tests["returncode"] == 0 and " passed" in " ".join(tests.get("output_tail", [])[-1:])
     reduced_ok = all(step.get("skipped") or (step.get("result") and record["near_ties_reduced"])
                      for precision, step in benches.items() if precision != "float32")
-    return bool(ran and record["weights"]["returncode"] == 0 and benches["float32"].get("result")
-                and record["greedy_identical_float32"] and reduced_ok)
+    weights_ok = record["weights"].get("skipped") or record["weights"]["returncode"] == 0
+    return bool(ran and weights_ok and benches["float32"].get("result") and record["greedy_identical_float32"]
+                and reduced_ok and record["shapes"].get("result"))
 
 
 def header(device: torch.device, gpus: int) -> dict:
@@ -147,15 +201,21 @@ def run(out: str = GPU_CHECK_OUT, budget_s: float = GPU_CHECK_BUDGET_S, *, devic
     say(f"{record['gpu']} ({gpus} device(s)), torch {record['torch']}; at most {budget_s:.0f} s")
 
     if TESTS.is_file():
-        record["tests"] = step([python, "-m", "pytest", "-m", "gpu", str(TESTS), "-q", "-p", "no:cacheprovider"],
-                               min(TESTS_S, clock.left()))
+        # -p no:nbval: the notebook plugin is not needed here, and a GPU machine's python may lack nbformat
+        tests = [python, "-m", "pytest", "-m", "gpu", str(TESTS), "-q", "-p", "no:cacheprovider", "-p", "no:nbval"]
+        record["tests"] = step(tests, min(TESTS_S, clock.left()))
     else:
         record["tests"] = {"returncode": None, "skipped": f"{TESTS} is not here (run from a clone of the kit)"}
     say(f"gpu tests: {_outcome(record['tests'])}")
 
-    weights = ("from ssd.gguf_store import ensure_cached; from ssd.models import PAIRS; "
-               f"[ensure_cached(s) for s in (PAIRS[{PAIR!r}].draft, PAIRS[{PAIR!r}].target)]")
-    record["weights"] = step([python, "-c", weights], clock.left())
+    missing = pair_missing()
+    if missing:
+        record["weights"] = {"returncode": None, "skipped": f"{missing}; the benches run on the {TINY_PAIR!r} pair"}
+    else:
+        weights = ("from ssd.gguf_store import ensure_cached; from ssd.models import PAIRS; "
+                   f"[ensure_cached(s) for s in (PAIRS[{PAIR!r}].draft, PAIRS[{PAIR!r}].target)]")
+        record["weights"] = step([python, "-c", weights], clock.left())
+    record["bench_pair"] = TINY_PAIR if missing else PAIR
     say(f"weights of {PAIR}: {_outcome(record['weights'])}")
 
     methods, benches = bench_methods(device, gpus), {}
@@ -167,9 +227,14 @@ def run(out: str = GPU_CHECK_OUT, budget_s: float = GPU_CHECK_BUDGET_S, *, devic
                    f"it would not fit: float32's took {needed:.0f} s and {clock.left():.0f} s are left")
             benches[precision] = {"skipped": why}
         else:
-            benches[precision] = bench_step(step, python, device, precision, methods, clock.left())
+            benches[precision] = bench_step(step, python, device, precision, methods, clock.left(),
+                                            record["bench_pair"])
         say(f"bench in {precision} ({','.join(methods)}): {_outcome(benches[precision])}")
     record["benches"] = benches
+    reduced = accelerator_precision(device) or "bfloat16"
+    record["shapes"] = shapes_step(step, python, device, reduced, min(SHAPES_S, clock.left()))
+    say(f"profiles of {PAIR}'s shapes in {reduced}, b = {', '.join(map(str, SHAPE_BATCHES))}: "
+        f"{_outcome(record['shapes'])}{_shapes_line(record['shapes'].get('result'))}")
     record.update(verdicts(benches))
     record["elapsed_s"] = round(clock.elapsed(), 1)
     record["passed"] = passed(record)
@@ -190,6 +255,15 @@ def _outcome(step: dict) -> str:
     last = next((line.strip() for line in reversed(step.get("output_tail", [])) if line.strip()), "")
     shown = step["returncode"] != 0 or " passed" in last or " skipped" in last  # a failure's cause; pytest's counts
     return f"{state} in {step['seconds']:.0f} s" + (f": {last}" if last and shown else "")
+
+
+def _shapes_line(result: dict | None) -> str:
+    """'; v at K = 4: 1.02 (b 1), ..., c: 0.61 (b 1), ...' from the profiles' summary."""
+    if not result:
+        return ""
+    rows = result["rows"]
+    return (f"; v at K = {result['k']}: " + ", ".join(f"{r['v']:.2f} (b {r['batch_size']})" for r in rows)
+            + "; c: " + ", ".join(f"{r['c']:.2f} (b {r['batch_size']})" for r in rows))
 
 
 def _ratios(ratios: dict) -> str:

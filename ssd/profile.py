@@ -149,18 +149,21 @@ def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3) -> flo
     return curve_ms(model, [new], context=context, reps=reps)[new]
 
 
-def memory_bandwidth_gbs(mb: int = BANDWIDTH_MB, reps: int = 3) -> float:
-    """GB/s read on the current cores, over a buffer larger than any cache: the best of a reduction and a float32
-    matrix-vector product (the operation a one-token step is made of), each the best of reps. A floor is a bound,
-    so it takes the fastest read seen; a model step may still stream a little faster (prefetching differs)."""
-    matrix = torch.ones(mb * 2**20 // 4 // 4096, 4096)
-    vector = torch.ones(4096)
+def memory_bandwidth_gbs(mb: int = BANDWIDTH_MB, reps: int = 3, device="cpu") -> float:
+    """GB/s read on the current cores (or from a GPU's own memory), over a buffer larger than any cache: the best of a
+    reduction and a float32 matrix-vector product (the operation a one-token step is made of), each the best of reps.
+    A floor is a bound, so it takes the fastest read seen; a model step may still stream a little faster (prefetching
+    differs)."""
+    matrix = torch.ones(mb * 2**20 // 4 // 4096, 4096, device=device)
+    vector = torch.ones(4096, device=device)
     best = float("inf")
     for read in (matrix.sum, lambda: torch.mv(matrix, vector)):
         read()  # warm-up
         for _ in range(reps):
+            synchronize(device)
             start = time.perf_counter()
             read()
+            synchronize(device)
             best = min(best, time.perf_counter() - start)
     return matrix.numel() * 4 / best / 1e9
 
@@ -260,12 +263,12 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
     bar = tqdm(total=2 * len(tokens) + len(rows), desc="profile", disable=not progress)
     bandwidth = {}
     with pinned(v_cores):
-        bandwidth["target"] = memory_bandwidth_gbs()
+        bandwidth["target"] = memory_bandwidth_gbs(device=pair.target.device)
         bar.set_postfix_str("target")
         target = curve_ms(pair.target, tokens, context=context, reps=reps, batch=batch_size)
         bar.update(len(tokens))
     with pinned(d_cores):
-        bandwidth["draft"] = memory_bandwidth_gbs()
+        bandwidth["draft"] = memory_bandwidth_gbs(device=pair.draft.device)
         bar.set_postfix_str("draft")
         tree = tree_depth_ms(pair.draft, rows, context=context, reps=reps, batch=batch_size)
         bar.update(len(rows))

@@ -160,6 +160,9 @@ def fake_step(benches: dict, seconds: float = 30.0, tests_tail: str = "7 passed,
             precision = command[command.index("--target-dtype") + 1]
             with open(command[command.index("--json") + 1], "w") as f:
                 json.dump(benches[precision], f)
+        if "profile_shapes" in " ".join(command):
+            with open(command[-1], "w") as f:
+                json.dump(SHAPES, f)
         tail = [tests_tail] if "pytest" in command else []
         return {"command": " ".join(command), "returncode": 0, "timed_out": False, "seconds": seconds,
                 "output_tail": tail}
@@ -168,6 +171,15 @@ def fake_step(benches: dict, seconds: float = 30.0, tests_tail: str = "7 passed,
 
 
 SAME = {"identical_to_target": True}
+SHAPES = {"pair": "qwen2.5-coder (random weights)", "k": 4, "rows": [
+    {"batch_size": 1, "v": 1.02, "c": 0.61, "sd_speedup": {"0.9": 1.3}},
+    {"batch_size": 64, "v": 2.5, "c": 0.4, "sd_speedup": {"0.9": 0.9}}]}
+
+
+@pytest.fixture(autouse=True)
+def pair_installed(monkeypatch):
+    """gpu-check as where the offline pair's packages are installed (make install), whatever this machine holds."""
+    monkeypatch.setattr(gpu_check, "pair_missing", lambda: None)
 
 
 def test_gpu_check_writes_its_record_from_the_steps(tmp_path, monkeypatch):
@@ -188,6 +200,38 @@ def test_gpu_check_writes_its_record_from_the_steps(tmp_path, monkeypatch):
     assert "humaneval:8" in benches[0] and "64" in benches[0] and ["--temperature", "0", "-k", "4"] == benches[0][
         benches[0].index("--temperature"):benches[0].index("-k") + 2]
     assert lines[-1].startswith("passed: float32 identical to AR True") and not list(out.parent.glob(".tmp-*"))
+    assert record["bench_pair"] == "qwen2.5-coder" and all(c[c.index("--pair") + 1] == "qwen2.5-coder" for c in benches)
+    assert record["shapes"]["result"] == SHAPES
+    assert "v at K = 4: 1.02 (b 1), 2.50 (b 64); c: 0.61 (b 1)" in " ".join(lines)
+    shapes = next(c for c in commands if "profile_shapes" in " ".join(c))
+    assert "'cuda', 'bfloat16'" in " ".join(shapes)  # at the GPU's precision
+
+
+def test_gpu_check_without_the_pairs_packages_benches_the_tiny_pair(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "device_name", lambda device: "Test GPU")
+    monkeypatch.setattr(gpu_check, "pair_missing", lambda: "part package 'x' is not installed")
+    step, commands = fake_step({p: fake_bench([SAME], 1.0) for p in ("float32", "bfloat16", "float16")})
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.run(str(out), device=CUDA, gpus=1, step=step, say=lambda line: None) == 0
+    record = json.loads(out.read_text())
+    assert record["bench_pair"] == "tiny" and "not installed; the benches run on the 'tiny' pair" in record["weights"][
+        "skipped"]
+    assert not any("ensure_cached" in " ".join(c) for c in commands)
+    assert all(c[c.index("--pair") + 1] == "tiny" for c in commands if "bench" in c)
+    assert record["shapes"]["result"] == SHAPES  # the pair's shapes are profiled all the same
+
+
+def test_gpu_check_fails_where_the_profiles_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "device_name", lambda device: "Test GPU")
+    step, _ = fake_step({p: fake_bench([SAME], 1.0) for p in ("float32", "bfloat16", "float16")})
+
+    def no_profiles(command, timeout_s):
+        record = step(command, timeout_s)
+        return record | {"returncode": 1} if "profile_shapes" in " ".join(command) else record
+
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.run(str(out), device=CUDA, gpus=1, step=no_profiles, say=lambda line: None) == 1
+    assert json.loads(out.read_text())["shapes"]["result"] is None
 
 
 def test_gpu_check_skips_what_would_not_fit_and_fails_on_a_float32_difference(tmp_path, monkeypatch):
