@@ -6,16 +6,18 @@ are stood in for, so the messages and choices are checked on a CPU-only machine 
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import ssd.devices
-from ssd import cli, commands, gpu_check, models
+from ssd import bench, cli, commands, gpu_check, models
 from ssd.devices import accelerator, drafter_device, resolve_device
 from ssd.models import load_pair, tiny_pair
 from ssd.pipeline import Pipeline
 from ssd.precision import accelerator_precision
+from ssd.ssd import SSDConfig
 
 CUDA = torch.device("cuda")
 
@@ -131,6 +133,17 @@ def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(mon
     monkeypatch.setattr(commands, "load", lambda args: pytest.fail("loaded a pair"))
     assert cli.main(["bench", "--pair", "tiny", "--device", "cuda", "--methods", "ar,ssd-pipeline"]) == 2
     assert "the pipeline needs a second GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, tokens", [("cpu", 8), ("cuda", 64)])
+def test_the_bench_warms_a_gpu_up_over_a_whole_answer(monkeypatch, device, tokens):
+    """A GPU loads kernels at first use and picks them by shape: a short warm-up left their cost in the first answer."""
+    calls = []
+    monkeypatch.setattr(bench, "run_batch", lambda method, pair, contexts, config, seed: calls.append(
+        (method, len(contexts), config.max_new_tokens)))
+    pair = SimpleNamespace(target=SimpleNamespace(device=torch.device(device)))
+    bench.warm_up(pair, [[1, 2], [3]], ["ar", "sd:batch_size=2"], SSDConfig(max_new_tokens=64))
+    assert calls == [("ar", 1, tokens), ("sd:batch_size=2", 2, tokens)]
 
 
 # ---- make gpu-check ------------------------------------------------------------------------------------------------
