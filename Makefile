@@ -55,8 +55,9 @@ test: $(STAMP)
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
 # On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
-# ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, within 8 minutes, into
-# data/gpu_check.json. Installs nothing beyond `make install`; without a GPU it stops at once.
+# ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, and the pair's profile in
+# its shapes at b = 1 to 64, within 8 minutes, into data/gpu_check.json. Installs nothing beyond `make install`;
+# without a GPU it stops at once. Where make install cannot reach PyPI: docs/gpus.md, "run without make install".
 gpu-check: $(STAMP)
 	$(BIN)/python -m ssd gpu-check
 

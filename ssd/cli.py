@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
 
-    g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests and a short bench in float32 and "
-                       "bfloat16, within 8 minutes, into data/gpu_check.json; without a GPU it stops at once")
+    g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests, a short bench in float32 and "
+                       "bfloat16 and the pair's profile in its shapes, within 8 minutes, into data/gpu_check.json; "
+                       "without a GPU it stops at once")
     g.add_argument("--json", default=GPU_CHECK_OUT, help=f"where the result goes (default {GPU_CHECK_OUT})")
     g.add_argument("--budget-s", type=float, default=GPU_CHECK_BUDGET_S, help="the whole check's time limit in "
                    f"seconds (default {GPU_CHECK_BUDGET_S:.0f}); a step that would not fit is skipped and said")

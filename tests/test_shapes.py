@@ -29,8 +29,9 @@ def test_the_stored_architecture_is_the_loaded_models(role):
                         .read_text())
     made = shapes.config("qwen2.5-coder", role).to_dict()
     keys = list(shapes.ARCHITECTURES["qwen2.5-coder"][role]) + ["vocab_size", "tie_word_embeddings",
-                                                                "max_position_embeddings", "architectures"]
+                                                                "max_position_embeddings", "model_type"]
     assert {k: made.get(k) for k in keys} == {k: loaded.get(k) for k in keys}
+    assert loaded["architectures"] == ["Qwen2ForCausalLM"]  # the class ssd.shapes builds
     assert made["rms_norm_eps"] == pytest.approx(loaded["rms_norm_eps"])
     assert made["rope_parameters"]["rope_theta"] == loaded["rope_parameters"]["rope_theta"]
 
