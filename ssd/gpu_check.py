@@ -14,7 +14,8 @@
 5. The offline pair's latency profile at the GPU's precision and batch sizes 1 to 64, in its shapes with random
    weights (``ssd.shapes``: a pass's time depends on the shapes, not the values), so it is measured even where the
    weights are not: a verify pass over b x (K + 1) tokens in one-token steps (v), a draft step over a target step
-   (c), and SD's speed-up E / (cK + v) these give at a few acceptance rates.
+   (c), and SD's speed-up E / (cK + v) these give at a few acceptance rates. On CUDA, the same passes on a static
+   cache, eager and replayed from a CUDA graph (``ssd.graphs``): how much of a step is the host launching kernels.
 6. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
    and time, the bench results, the profiles, and the headline checks. The exit status is 0 only if every check held.
 
@@ -141,8 +142,27 @@ def profile_shapes(device: str, precision: str, out: str, batches=SHAPE_BATCHES)
         rows.append({"batch_size": b, "target_step_ms": measured.target_at(1), "draft_step_ms": measured.draft_at(1),
                      "c": first["profile_c"], "v": first["profile_v"],
                      "sd_speedup": {a: s["profile_speedup_vs_ar"] for a, s in sd.items()},
-                     "target_floor_ms": measured.floor_ms("target"), "profile": measured.to_dict()})
+                     "target_floor_ms": measured.floor_ms("target"), "profile": measured.to_dict()}
+                    | ({"graphs": graph_steps(pair, b)} if torch.device(device).type == "cuda" else {}))
     write_json(out, {"pair": pair.name, "precisions": pair.precisions.as_dict(), "k": SHAPE_K, "rows": rows})
+
+
+def graph_steps(pair, b: int) -> dict:
+    """The target's step and verify pass and the draft's step over b rows on a static cache, eager and replayed from
+    a CUDA graph (ssd.graphs), with the c and v and SD's speed-up that the replayed passes would give."""
+    from .graphs import pass_ms
+    from .theory import sd_speedup
+
+    ms = {}
+    for mode in ("eager", "graph"):
+        graph = mode == "graph"
+        ms[mode] = {"target_1": pass_ms(pair.target, b, 1, graph=graph),
+                    f"target_{SHAPE_K + 1}": pass_ms(pair.target, b, SHAPE_K + 1, graph=graph),
+                    "draft_1": pass_ms(pair.draft, b, 1, graph=graph)}
+    replayed = ms["graph"]
+    c, v = replayed["draft_1"] / replayed["target_1"], replayed[f"target_{SHAPE_K + 1}"] / replayed["target_1"]
+    return {"static_cache_ms": ms, "c": c, "v": v,
+            "sd_speedup": {str(a): sd_speedup(a, SHAPE_K, c, v) for a in SHAPE_ACCEPTANCE}}
 
 
 def verdicts(benches: dict) -> dict:

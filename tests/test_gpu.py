@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 
+import ssd.graphs
 import ssd.ssd
 import ssd.tree
 from ssd.devices import accelerator, resolve_device
@@ -132,3 +133,15 @@ def test_on_one_gpu_the_pipeline_says_it_needs_a_second(pair):
     close_pipelines()
     with pytest.raises(ValueError, match="the pipeline needs a second GPU"):
         Pipeline(pair, verifier_cores=CORES[0], drafter_cores=CORES[-1])
+
+
+@pytest.mark.skipif(DEVICE is None or DEVICE.type != "cuda", reason="CUDA graphs need a CUDA device")
+def test_a_pass_replayed_from_a_cuda_graph_gives_the_eager_pass_logits(pair):
+    """ssd.graphs: what make gpu-check times replayed is the pass it times eager, output for output."""
+    run = ssd.graphs.static_pass(pair.target, 2, 5, context=16)
+    with torch.inference_mode():
+        eager = run().clone()
+        replay, out = ssd.graphs.graphed(run)
+        replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)

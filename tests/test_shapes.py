@@ -1,12 +1,14 @@
 """ssd.shapes: the offline pair's architecture with random weights, for timing where its weights are not."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ssd import gpu_check, shapes
+from ssd import gpu_check, graphs, shapes
 from ssd.gguf_store import ensure_cached
 from ssd.models import PAIRS
+from ssd.theory import expected_tokens
 
 SMALL = {"draft": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2),
@@ -70,3 +72,15 @@ def test_gpu_checks_profiles_of_the_shapes_at_each_batch_size(small, tmp_path):
         assert row["v"] == pytest.approx(profile["target_ms"]["5"] / profile["target_ms"]["1"])
         assert set(row["sd_speedup"]) == {str(a) for a in gpu_check.SHAPE_ACCEPTANCE}
         assert all(s > 0 for s in row["sd_speedup"].values())
+        assert "graphs" not in row  # CUDA graphs are timed on CUDA alone
+
+
+def test_graph_steps_give_c_v_and_sd_from_the_replayed_passes(monkeypatch):
+    times = {("target", 1, False): 20.0, ("target", 5, False): 24.0, ("draft", 1, False): 19.0,
+             ("target", 1, True): 4.0, ("target", 5, True): 5.0, ("draft", 1, True): 2.0}
+    pair = SimpleNamespace(target="target", draft="draft")
+    monkeypatch.setattr(graphs, "pass_ms", lambda model, b, new, graph: times[(model, new, graph)])
+    steps = gpu_check.graph_steps(pair, 4)
+    assert steps["static_cache_ms"]["eager"] == {"target_1": 20.0, "target_5": 24.0, "draft_1": 19.0}
+    assert (steps["c"], steps["v"]) == (0.5, 1.25)
+    assert steps["sd_speedup"]["0.9"] == pytest.approx(expected_tokens(0.9, 4) / (0.5 * 4 + 1.25))
