@@ -1,8 +1,8 @@
 """The benchmark: methods run side by side on the same prompts, in one process, interleaved per prompt.
 
 Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt (each turn
-of a Spec-Bench row) before the next starts, and the order of methods rotates from answer to answer so no method
-always runs first. Beside one summary per method, the bench reports per category as Spec-Bench does (by_category).
+of a Spec-Bench row) before the next starts, each of ours next to its transformers peer, and the order rotates from
+answer to answer so no method always runs first (answer_order). Beside one summary per method, the bench reports per category as Spec-Bench does (by_category).
 
 A long bench is resumable: with a checkpoint file it writes every finished prompt's rows there (atomically), and a
 run of the same arguments that finds the file skips those prompts. Side by side stays per prompt, so the ratios hold;
@@ -117,6 +117,25 @@ def batch_size_of(method: str, config: DecodeConfig) -> int:
 WARM_UP_TOKENS = 8  # on a CPU; a GPU warms up over a whole answer (warm_up)
 
 
+def answer_order(methods: list[str], j: int) -> list[str]:
+    """The order in which the methods give answer j. Each of ours runs next to its transformers peer (PEERS) where
+    both run, as a block: a slow spell of the machine (a minute or so here, hitting every method it overlaps) then
+    falls on both answers of a ratio or on neither. Before blocks, ar and hf-ar stood three answers apart in one
+    prompt of four, and that quarter of the prompts held 40-81% of the spread of ar / hf-ar in the four peer benches
+    on the AVX-512 CPU (data/peers_*.json). The blocks rotate from answer to answer, and within a block the first
+    alternates, so no method always runs first or always after the same one."""
+    blocks, placed = [], set()
+    for method in methods:
+        if method in placed:
+            continue
+        partner = PEERS.get(method) or next((ours for ours, peer in PEERS.items() if peer == method), None)
+        block = [method] + ([partner] if partner in methods and partner not in placed else [])
+        placed.update(block)
+        blocks.append(block)
+    turn = j % len(blocks)
+    return [m for block in blocks[turn:] + blocks[:turn] for m in (block[::-1] if j % 2 else block)]
+
+
 def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeConfig) -> None:
     """One untimed call per method, at its batch size: first calls pay for allocator growth and lazy initialisation.
     On a CPU a short one does; a GPU loads each kernel at its first use and picks kernels by shape as the context
@@ -142,7 +161,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
 
     Batches: prompts go in groups as large as the largest batch size among the methods (config.batch_size, or a
     variant's ``batch_size=``); each method answers a group's turn in calls of its own batch size, and every method
-    answers it before the next turn or group starts, in an order rotated from group to group. Where any method
+    answers it before the next turn or group starts, in an order rotated from group to group (answer_order). Where any method
     batches, the prompts are first ordered by their first turn's length, as a server groups requests, so a batch's
     rows need little left padding in the prompts' pass (compute-bound on a CPU, and padding is paid in full); every
     method gets the same batches. Answer j (over the whole run, in that order) is the first of its call, or alone,
@@ -174,7 +193,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
             members = [i for i, p in enumerate(group) if turn < len(p.turns)]
             contexts = {method: [encode(pair.tokenizer, group[i], answers[method][i]) for i in members]
                         for method in methods}
-            order = methods[j % len(methods):] + methods[: j % len(methods)]
+            order = answer_order(methods, j)
             turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed, j,
                                         profile, bar)
             _report_identity(pair, config, turn_rows, runs, contexts, seed + j)

@@ -83,3 +83,18 @@ def test_ratios_to_the_peers_are_geometric_means_over_answers_with_an_interval()
     assert whole["ci"][0] < expected < whole["ci"][1]
     assert "sd / hf-sd, tokens_per_s: " in bench.peers_table([whole])
     assert bench.against_peers(rows[rows.method != "hf-sd"]) == []  # no peer ran: nothing to say
+
+
+@pytest.mark.parametrize("methods", [["ar", "hf-ar", "sd", "hf-sd"], ["hf-sd", "ar", "sd:k=2", "sd", "hf-ar"],
+                                     ["ar", "sd", "hf-sd", "ssd"]])
+def test_each_of_ours_answers_next_to_its_peer_and_no_method_always_first(methods):
+    orders = [bench.answer_order(methods, j) for j in range(8)]
+    for order in orders:
+        assert sorted(order) == sorted(methods)  # every method once
+        for ours, peer in bench.PEERS.items():
+            if {ours, peer} <= set(methods):
+                assert abs(order.index(ours) - order.index(peer)) == 1  # a slow spell falls on both or neither
+    for ours, peer in bench.PEERS.items():
+        if {ours, peer} <= set(methods):
+            assert sum(o.index(ours) < o.index(peer) for o in orders) == 4  # each goes first half the time
+    assert len({o[0] for o in orders}) > 1 and len({o[-1] for o in orders}) > 1
