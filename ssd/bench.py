@@ -2,7 +2,8 @@
 
 Figures worth trusting on a noisy clock are ratios measured in one run, so every method sees each prompt (each turn
 of a Spec-Bench row) before the next starts, each of ours next to its transformers peer, and the order rotates from
-answer to answer so no method always runs first (answer_order). Beside one summary per method, the bench reports per category as Spec-Bench does (by_category).
+answer to answer so no method always runs first (answer_order). Beside one summary per method, the bench reports per
+category as Spec-Bench does (by_category).
 
 A long bench is resumable: with a checkpoint file it writes every finished prompt's rows there (atomically), and a
 run of the same arguments that finds the file skips those prompts. Side by side stays per prompt, so the ratios hold;
@@ -161,10 +162,10 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
 
     Batches: prompts go in groups as large as the largest batch size among the methods (config.batch_size, or a
     variant's ``batch_size=``); each method answers a group's turn in calls of its own batch size, and every method
-    answers it before the next turn or group starts, in an order rotated from group to group (answer_order). Where any method
-    batches, the prompts are first ordered by their first turn's length, as a server groups requests, so a batch's
-    rows need little left padding in the prompts' pass (compute-bound on a CPU, and padding is paid in full); every
-    method gets the same batches. Answer j (over the whole run, in that order) is the first of its call, or alone,
+    answers it before the next turn or group starts, in an order rotated from group to group (answer_order). Where
+    any method batches, the prompts are first ordered by their first turn's length, as a server groups requests, so a
+    batch's rows need little left padding in the prompts' pass (compute-bound on a CPU, and padding is paid in full);
+    every method gets the same batches. Answer j (over the whole run, in that order) is the first of its call, or alone,
     with seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a

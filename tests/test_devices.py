@@ -234,6 +234,15 @@ def test_gpu_check_without_the_pairs_packages_benches_the_tiny_pair(tmp_path, mo
     assert record["shapes"]["result"] == SHAPES  # the pair's shapes are profiled all the same
 
 
+def test_gpu_check_skips_the_profiles_where_they_would_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "device_name", lambda device: "Test GPU")
+    step, commands = fake_step({p: fake_bench([SAME], 1.0) for p in ("float32", "bfloat16", "float16")}, seconds=5.0)
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.run(str(out), budget_s=50, device=CUDA, gpus=1, step=step, say=lambda line: None) == 0
+    assert "it would not fit" in json.loads(out.read_text())["shapes"]["skipped"]
+    assert not any("profile_shapes" in " ".join(c) for c in commands)
+
+
 def test_gpu_check_fails_where_the_profiles_failed(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "device_name", lambda device: "Test GPU")
     step, _ = fake_step({p: fake_bench([SAME], 1.0) for p in ("float32", "bfloat16", "float16")})
