@@ -12,16 +12,12 @@ to measure what a graphed decoder would change; the kit's decoding does not use 
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 from transformers import StaticCache
 
-from .devices import synchronize
+from .profile import CONTEXT, fixed_ids, round_robin_ms
 
-CONTEXT = 128  # as ssd.profile's curves
-WARM_UPS = 3
+WARM_UPS = 3  # calls before a capture, off the default stream
 
 
 def static_pass(model, batch: int, new: int, context: int = CONTEXT):
@@ -30,8 +26,7 @@ def static_pass(model, batch: int, new: int, context: int = CONTEXT):
     every replay of a graph of it) is the same pass."""
     device = model.device
     cache = StaticCache(config=model.config, max_cache_len=context + new)
-    ids = (torch.arange(batch * (context + new), device=device).view(batch, -1) * 7919) % min(
-        model.config.vocab_size, 30_000)
+    ids = fixed_ids(model, context + new)[None].expand(batch, -1).to(device)
     positions = torch.arange(context + new, device=device)[None].expand(batch, -1)
     with torch.inference_mode():
         model(input_ids=ids[:, :context], cache=cache, position_ids=positions[:, :context], use_cache=True)
@@ -62,19 +57,6 @@ def graphed(run):
     return graph.replay, out
 
 
-def median_ms(call, device, reps: int) -> float:
-    for _ in range(WARM_UPS):
-        call()
-    times = []
-    for _ in range(reps):
-        synchronize(device)
-        start = time.perf_counter()
-        call()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
 @torch.inference_mode()
 def pass_ms(model, batch: int, new: int, *, graph: bool, context: int = CONTEXT, reps: int = 10) -> float:
     """Median ms of one pass over batch x new tokens on a static cache, eager or (graph=True, CUDA) replayed."""
@@ -82,4 +64,4 @@ def pass_ms(model, batch: int, new: int, *, graph: bool, context: int = CONTEXT,
         raise ValueError(f"graph=True needs a CUDA device; the model is on {model.device}")
     run = static_pass(model, batch, new, context)
     call = graphed(run)[0] if graph else run
-    return median_ms(call, model.device, reps)
+    return round_robin_ms([new], reps, model.device, lambda n: call())[new]

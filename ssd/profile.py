@@ -65,7 +65,7 @@ BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any ca
 # ---- timing the passes ----------------------------------------------------------------------------------------------
 
 
-def _round_robin_ms(sizes, reps: int, device, run, undo=lambda n: None) -> dict[int, float]:
+def round_robin_ms(sizes, reps: int, device, run, undo=lambda n: None) -> dict[int, float]:
     """Median milliseconds of run(n) for each n in sizes; undo(n), untimed, puts the state back after each. The sizes
     are timed round-robin, one warm-up round first, so that a slow spell of the machine falls on all of them alike:
     the ratios between sizes are what a curve is for."""
@@ -82,7 +82,7 @@ def _round_robin_ms(sizes, reps: int, device, run, undo=lambda n: None) -> dict[
     return {n: 1000 * statistics.median(t) for n, t in times.items()}
 
 
-def _fixed_ids(model, length: int) -> torch.Tensor:
+def fixed_ids(model, length: int) -> torch.Tensor:
     """Any fixed tokens of the model's vocabulary: time is what counts."""
     return torch.arange(length) * 7919 % min(model.config.vocab_size, 30_000)
 
@@ -90,23 +90,23 @@ def _fixed_ids(model, length: int) -> torch.Tensor:
 @torch.inference_mode()
 def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, batch: int = 1) -> dict[int, float]:
     """Median milliseconds of one causal forward over n new tokens (a verify pass over K + 1 = n tokens) in each of
-    `batch` rows after `context` cached tokens, for each n in sizes (``_round_robin_ms``)."""
+    `batch` rows after `context` cached tokens, for each n in sizes (``round_robin_ms``)."""
     device = model.device
-    ids = _fixed_ids(model, context + max(sizes))[None].expand(batch, -1).to(device)  # [b, context + max n]
+    ids = fixed_ids(model, context + max(sizes))[None].expand(batch, -1).to(device)  # [b, context + max n]
     cache = DynamicCache(config=model.config)
     model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
 
     def run(n):
         model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n)
 
-    return _round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
+    return round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
 
 
 def _primed_draft(model, context: int, more: int, batch: int = 1) -> tuple[CachedModel, list[int]]:
     """The draft as SSD holds it, a CachedModel of `batch` rows, each with the same `context` fixed tokens cached;
     and those tokens and `more`."""
     draft = CachedModel(model, rows=batch)
-    ids = _fixed_ids(model, context + more).tolist()
+    ids = fixed_ids(model, context + more).tolist()
     draft.extend({row: ids[:context] for row in range(batch)})
     return draft, ids
 
@@ -127,7 +127,7 @@ def tree_depth_ms(model, rows, *, context: int = CONTEXT, reps: int = 3, depths:
         tree.draft_tree(draft, dict.fromkeys(seqs, context), dict.fromkeys(seqs, branches), dict.fromkeys(seqs, u),
                         1.0, 1.0, dict.fromkeys(seqs, fan_out))
 
-    return {n: ms / depths for n, ms in _round_robin_ms(rows, reps, model.device, run).items()}
+    return {n: ms / depths for n, ms in round_robin_ms(rows, reps, model.device, run).items()}
 
 
 @torch.inference_mode()
@@ -140,7 +140,7 @@ def glue_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, batch: int =
         for row in range(batch):
             draft.rollback(context, row)
 
-    return _round_robin_ms(sizes, reps, model.device,
+    return round_robin_ms(sizes, reps, model.device,
                            lambda n: draft.logits(dict.fromkeys(range(batch), ids[: context + n]), keep=1), undo=undo)
 
 
