@@ -42,9 +42,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--fan-out", default="uniform",
                    help=f"the fan-out strategy: {' | '.join(STRATEGIES)} (default uniform)")
     s.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro's C in [0, 1]; 1 = off (default 1)")
-    s.add_argument("--backup", default="jit", help=f"on a miss: {' | '.join(BACKUPS)}; jit: the draft model drafts, "
+    s.add_argument("--backup", default=AUTO, help=f"on a miss: {' | '.join(BACKUPS)}; jit: the draft model drafts, "
                    "fast: an n-gram lookup in the context, auto: the one the profile and the run's estimates predict "
-                   "faster at this batch size, re-decided each round (default jit)")
+                   "faster at this batch size, re-decided each round (default auto; the profile is the kit's stored "
+                   "one of this kind of machine, else measured once and kept)")
     s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated and auto: its prior "
                    "(default 0.6)")
     s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--strategies", default=",".join(STRATEGIES), help="fan-out strategies to evaluate")
     h.add_argument("--out", default="data/hit_rates_cli",
                    help="writes OUT_rounds.csv and OUT.csv (default data/hit_rates_cli)")
+    h.set_defaults(backup="jit")  # smaller budgets are read off one run exactly only when every miss drafts as SD
 
     co = sub.add_parser("course", help="execute every numbered notebook at its defaults with papermill")
     co.add_argument("--notebooks", default="notebooks", help="folder of the numbered notebooks (default notebooks)")

@@ -97,12 +97,13 @@ def cmd_bench(args) -> None:
     latencies = None
     if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
         latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
-    if on_auto(config) or any(is_auto(v) for m in methods for v in parse_variant(m)[1].values()):
+    tuned = _auto_batch_sizes(methods, config)
+    if tuned:  # (a method that has no K, B or backup to tune, e.g. ar, never fetches one)
         # auto K, B or backup: priced on the profile of the ranks' cores at the run's batch size (measured once, then
         # read from the user cache): every batch size measured now, never inside a timed call
         latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
                                                         drafter_cores=args.drafter_cores)
-        for b in sorted(_auto_batch_sizes(methods, config) - {1}):
+        for b in sorted(tuned - {1}):
             profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores,
                                    batch_size=b)
         config = dataclasses.replace(config, latencies=latencies)

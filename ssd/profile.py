@@ -59,6 +59,8 @@ TREE_DEPTHS = 2  # depths of the tree each timing of draft_tree drafts (its time
 # 2: the draft's rows timed as draft_tree runs them, draw included (a bare forward left out the draw over the
 # vocabulary, 40% of a depth at 32 rows on this project's CPUs), and the glue step added
 VERSION = 2
+# The profiles kept with the kit (data/profiles of a checkout; an installed wheel has none: then measured)
+KIT_PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "profiles")
 BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
 
 

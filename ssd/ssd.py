@@ -44,7 +44,9 @@ class SSDConfig(DecodeConfig):
     budget: int | str = 16  # B: cached outcomes per round, over all positions; "auto": chosen with K (ssd.tuning)
     fan_out_strategy: str = "uniform"  # how B is spread over the positions: uniform | geometric | calibrated
     saguaro_c: float = 1.0  # C of Saguaro sampling; 1 = plain sampling
-    backup: str = "jit"  # jit | fast | auto (the one predicted faster at the batch size, re-decided each round)
+    # jit | fast | auto (the one predicted faster at the batch size, re-decided each round; the command line's
+    # default). jit here: a fixed backup needs no profile, and at C = 1 keeps SSD's tokens SD's, draw for draw
+    backup: str = "jit"
     # a_p (DecodeConfig's): geometric's acceptance rate; calibrated's prior, and auto's
     r: float = 0.5  # geometric: the power-law exponent of the miss rate; calibrated: its prior
     ngram: int = 3  # fast backup: the longest n-gram matched in the context

@@ -247,16 +247,18 @@ def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
 
 
 def with_latencies(pair, config, batch: int = 1):
-    """The config, with the profile of the pair on the config's cores at batch size `batch` (the user cache's,
-    measured on first use) where k, budget or backup is 'auto' and it holds none for that batch size (latencies
-    without a batch size are taken as they are); otherwise the config as it is."""
+    """The config, with the profile of the pair on the config's cores at batch size `batch` (the user cache's, else
+    the kit's stored one of this kind of machine, else measured now and kept) where k, budget or backup is 'auto' and
+    it holds none for that batch size (latencies without a batch size are taken as they are); otherwise the config as
+    it is."""
     given = config.latencies
     if not on_auto(config) or (given is not None and getattr(given, "batch_size", batch) == batch):
         return config
-    from .profile import cached_profile  # measuring needs the models' code; a fixed run never imports it
+    from .profile import KIT_PROFILES, cached_profile  # measuring needs the models' code; a fixed run never imports it
 
     latencies = cached_profile(pair, verifier_cores=getattr(config, "verifier_cores", "0"),
-                               drafter_cores=getattr(config, "drafter_cores", "1"), batch_size=batch)
+                               drafter_cores=getattr(config, "drafter_cores", "1"), batch_size=batch,
+                               stored=KIT_PROFILES)
     return dataclasses.replace(config, latencies=latencies)
 
 

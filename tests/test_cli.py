@@ -139,3 +139,11 @@ def test_the_names_the_parser_offers_are_the_kits_own():
     from ssd.models import PAIRS
 
     assert tuple(METHODS) == names.METHOD_NAMES and tuple(PAIRS) == names.PAIR_NAMES
+
+
+def test_the_backup_is_auto_on_the_command_line_but_for_hit_rates():
+    from ssd.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["generate", "--prompt", "x"]).backup == "auto" and parse(["bench"]).backup == "auto"
+    assert parse(["hit-rates"]).backup == "jit"  # its replay of smaller budgets is exact for jit alone

@@ -296,3 +296,31 @@ def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
     assert main(["profile", "--pair", "tiny", "--batch-size", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "batch_size must be an integer >= 1" in err and "\n" not in err
+
+
+def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypatch, tmp_path, private_cache):
+    """The backup on auto is the command line's default: a run on a kind of machine the kit has a profile of reads
+    it (data/profiles) rather than spend minutes measuring; a fixed run fetches none."""
+    from ssd.pipeline import PipelineConfig
+    from ssd.tuning import with_latencies
+
+    measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False)
+    store = tmp_path / "profiles"
+    store.mkdir()
+    prof.save(dataclasses.replace(measured, measured_at="2020-01-01T00:00:00"), store / prof.stored_name(measured))
+    monkeypatch.setattr(prof, "KIT_PROFILES", str(store))
+    monkeypatch.setattr(prof, "measure", lambda *a, **k: pytest.fail("measured, though the kit holds a profile"))
+    auto = with_latencies(pair, PipelineConfig(backup="auto", verifier_cores=V, drafter_cores=D))
+    assert auto.latencies.measured_at == "2020-01-01T00:00:00"
+    assert with_latencies(pair, PipelineConfig(backup="jit", verifier_cores=V, drafter_cores=D)).latencies is None
+
+
+def test_a_bench_fetches_a_profile_only_for_a_method_that_tunes(monkeypatch, private_cache):
+    """With the backup on auto by default, ar and SD at a fixed K have nothing to tune and never wait for a
+    profile; SSD prices its backup on one (the tiny pair's: no stored profile, so measured once)."""
+    real, measured = prof.measure, []
+    monkeypatch.setattr(prof, "measure", lambda *a, **k: measured.append(k.get("batch_size", 1)) or real(*a, **k))
+    argv = ["bench", "--pair", "tiny", "--prompts", "prose[0:1]", "--max-new-tokens", "3", "--verifier-cores", V,
+            "--drafter-cores", D, "--methods"]
+    assert main(argv + ["ar,sd"]) == 0 and measured == []
+    assert main(argv + ["ar,ssd"]) == 0 and measured == [1]
