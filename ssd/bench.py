@@ -476,8 +476,9 @@ def _is_ssd(method: str) -> bool:
 
 def _priced_by(profile, config) -> bool:
     """Whether the profile's latencies are those of this config's rounds: K, B and the backup fixed (on auto they
-    change from round to round, and a mix of backups' rounds has no one price), and the profile timed at the config's batch size (its passes cost what a round of b rows
-    costs; a b = 1 profile would price a batched round as one sequence's)."""
+    change from round to round, and a mix of backups' rounds has no one price), and the profile timed at the config's
+    batch size (its passes cost what a round of b rows costs; a b = 1 profile would price a batched round as one
+    sequence's)."""
     return not on_auto(config) and profile.batch_size == config.batch_size
 
 
