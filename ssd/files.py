@@ -1,5 +1,6 @@
 """Files: atomic writes (a reader never sees a half-written file, and an interrupted run leaves the old one in
-place), and the user cache folder where weights, precision decisions and latency profiles are kept."""
+place), the user cache folder where weights, precision decisions and latency profiles are kept, and where the kit's
+own files are."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,9 @@ import pathlib
 import tempfile
 
 import pandas as pd
+
+# The checkout the package runs from (its data/, tests/); in an installed wheel, site-packages, which has neither
+KIT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager

@@ -37,15 +37,14 @@ from datetime import datetime, timezone
 import torch
 
 from .devices import accelerator, why_no_cuda
-from .files import write_json
+from .files import KIT_ROOT, write_json
 from .gguf_store import ModelPartError, part_paths
 from .models import PAIRS
 from .names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, TINY_PAIR
 from .precision import accelerator_precision, device_name
 
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests" / "test_gpu.py"
+TESTS = KIT_ROOT / "tests" / "test_gpu.py"
 PAIR = "qwen2.5-coder"
 METHODS = ["ar", "hf-ar", "sd", "hf-sd", "ssd"]
 BENCH = ["--prompts", "humaneval:8", "--max-new-tokens", "64", "--temperature", "0", "-k", "4", "--seed", "0"]
@@ -67,7 +66,7 @@ def execute(command: list[str], timeout_s: float) -> dict:
     """Run one step in its own process group; on timeout the whole group (a pipeline's drafter too) is killed."""
     start = time.monotonic()
     env = os.environ | {"TQDM_DISABLE": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=KIT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=max(timeout_s, 1.0))

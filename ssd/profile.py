@@ -46,7 +46,7 @@ from .cached_model import CachedModel
 from .checks import check_at_least
 from .cores import check_cores, pinned
 from .devices import synchronize
-from .files import atomic_path, cache_dir
+from .files import KIT_ROOT, atomic_path, cache_dir
 from .precision import RULE, capability, kind_of, machine_kind, weight_bytes
 from .theory import expected_tokens, sd_from_profile
 
@@ -59,8 +59,7 @@ TREE_DEPTHS = 2  # depths of the tree each timing of draft_tree drafts (its time
 # 2: the draft's rows timed as draft_tree runs them, draw included (a bare forward left out the draw over the
 # vocabulary, 40% of a depth at 32 rows on this project's CPUs), and the glue step added
 VERSION = 2
-# The profiles kept with the kit (data/profiles of a checkout; an installed wheel has none: then measured)
-KIT_PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "profiles")
+KIT_PROFILES = str(KIT_ROOT / "data" / "profiles")  # the profiles kept with the kit (none when installed: measured)
 BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
 
 
