@@ -27,11 +27,16 @@ def hit_rate_curves(rounds: pd.DataFrame, budgets, k: int, strategies, a_p: floa
     rows = []
     for prompt_id, frame in rounds.groupby("prompt_id", sort=False):
         for strategy in strategies:
-            hits = counterfactual_hits(frame, budgets, k, strategy, a_p=a_p, r=r)
+            hits = counted(counterfactual_hits(frame, budgets, k, strategy, a_p=a_p, r=r))
             for budget, g in hits.groupby("budget"):
                 rows.append({"prompt_id": prompt_id, "strategy": strategy, "budget": budget, "hit_rate": g.hit.mean(),
                              "rounds": len(g)})
     return pd.DataFrame(rows)
+
+
+def counted(hits: pd.DataFrame) -> pd.DataFrame:
+    """A ``counterfactual_hits`` frame less each run's last round, whose lookup decides nothing (``final_rounds``)."""
+    return hits[~hits["final"]]
 
 
 MIN_CI_N = 3  # a t-interval from two values says little, and at n = 2 its half-width is 12.7 standard errors
@@ -143,9 +148,9 @@ def estimates_apart(rounds: pd.DataFrame, budgets, k: int, a_p: float = 0.6, r: 
     for prompt_id, frame in rounds.groupby("prompt_id", sort=False):
         for apart in (False, True):
             hits = counterfactual_hits(frame, budgets, k, "calibrated", a_p=a_p, r=r, apart=apart)
-            for budget, g in hits.groupby("budget"):
-                rows.append({"prompt_id": prompt_id, "budget": budget, "apart": apart, "hit_rate": g.hit.mean(),
-                             "backed": g.backed.mean()})
+            for budget, g in hits.groupby("budget"):  # the last round's draft is backed or not like any other's
+                rows.append({"prompt_id": prompt_id, "budget": budget, "apart": apart,
+                             "hit_rate": counted(g).hit.mean(), "backed": g.backed.mean()})
     return pd.DataFrame(rows)
 
 
@@ -155,9 +160,9 @@ def ap_sensitivity(rounds: pd.DataFrame, budget: int, k: int, a_ps, r: float) ->
     rows = []
     for prompt_id, frame in rounds.groupby("prompt_id", sort=False):
         for a_p in a_ps:
-            hits = counterfactual_hits(frame, [budget], k, "geometric", a_p=a_p, r=r)
+            hits = counted(counterfactual_hits(frame, [budget], k, "geometric", a_p=a_p, r=r))
             rows.append({"prompt_id": prompt_id, "strategy": "geometric", "assumed_a_p": a_p, "hit_rate": hits.hit.mean()})
-        hits = counterfactual_hits(frame, [budget], k, "uniform")
+        hits = counted(counterfactual_hits(frame, [budget], k, "uniform"))
         rows.append({"prompt_id": prompt_id, "strategy": "uniform", "assumed_a_p": float("nan"), "hit_rate": hits.hit.mean()})
     return pd.DataFrame(rows)
 

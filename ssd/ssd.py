@@ -30,7 +30,7 @@ from .checks import check_at_least, check_ssd, check_strategy
 from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
 from .sampling import uniforms
-from .trace import SSDRound, Stopwatch
+from .trace import SSDRound, Stopwatch, final_rounds
 from .tuning import SSD_KS, carried_calibrator, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
@@ -317,7 +317,8 @@ def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
                 going = [row for row in live if not checked[row].done]
                 following = speculator.propose({row: verifier.room(row) for row in going},
                                                {row: u[row][0] for row in going})
-            seconds, all_hit = watch.take(), all(speculator.last_lookup(row).hit for row in live)
+            # Only the rows that go on wait for a draft: a finishing row's lookup is moot (trace.final_rounds)
+            seconds, all_hit = watch.take(), all(speculator.last_lookup(row).hit for row in going)
             for row in live:
                 traces[row].rounds.append(ssd_round(checked[row], speculator.last_lookup(row), drafts[row],
                                                     following.get(row), *estimates[row], all_hit=all_hit, **seconds))
@@ -335,7 +336,7 @@ def backup_used(following: Draft | None) -> str | None:
 def ssd_round(checked: Checked, lookup: Lookup, draft: Draft, following: Draft | None, a_p: float, r: float,
               all_hit: bool, **seconds) -> SSDRound:
     """The trace's record of one row's SSD round; `following` is its next round's draft (None after the last);
-    all_hit: every row of the batch hit this round."""
+    all_hit: every row of the batch that goes on hit this round."""
     v = checked.verdict
     return SSDRound(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
                     hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, budget=sum(draft.fan_out), a_p=a_p, r=r,
@@ -361,12 +362,13 @@ def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_
     paper's two fan-out lists); otherwise one set of estimates serves both.
 
     rounds: SSD rounds of one or more runs (each run starts at round 0). Returns one row per (run, round, budget)
-    with columns run, round, budget, backed (the round's draft came from the backup at this B) and hit.
+    with columns run, round, final (the run's last round, whose lookup a hit rate leaves out: ``final_rounds``),
+    budget, backed (the round's draft came from the backup at this B) and hit.
     """
     check_strategy(strategy)
     sources = ("cached", "backed") if apart else ("cached",)
     rows, run = [], -1
-    for row in rounds.itertuples():
+    for row, final in zip(rounds.itertuples(), final_rounds(rounds)):
         if row.round == 0:
             run, shared = run + 1, Calibrator(prior_a_p=a_p, prior_r=r)
             estimates = {(b, s): Calibrator(prior_a_p=a_p, prior_r=r) if apart else shared
@@ -379,7 +381,8 @@ def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_
         for b in budgets:
             source = "cached" if hit_before[b] or not apart else "backed"
             hit = rank is not None and rank <= current[(b, source)][row.accepted]
-            rows.append({"run": run, "round": row.round, "budget": b, "backed": not hit_before[b], "hit": hit})
+            rows.append({"run": run, "round": row.round, "final": final, "budget": b, "backed": not hit_before[b],
+                         "hit": hit})
             if apart:
                 estimates[(b, source)].update(row.accepted, row.draft_len, rank)
             hit_before[b] = hit

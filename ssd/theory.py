@@ -10,6 +10,8 @@ import math
 
 import pandas as pd
 
+from .trace import counted_lookups
+
 
 def expected_tokens(a: float, k: int) -> float:
     """E = (1 - a^(K+1)) / (1 - a): expected tokens per round at per-token acceptance rate a."""
@@ -91,22 +93,24 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
     a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
     is rescaled by ar_step_s / verify_s. Rounds of a batch (one row per round and sequence, each sequence's rounds
     together) carry ``all_hit``, whether every sequence hit that round: its mean is the all-hit rate the
-    denominator needs (the hit rate where the column is missing, as in frames stored before batches).
+    denominator needs (the hit rate where the column is missing, as in frames stored before batches). Both rates
+    leave out each answer's last round, whose lookup decides nothing (``trace.final_rounds``).
     """
     previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
     # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.
     decode = rounds[rounds["round"] > 0] if (rounds["round"] > 0).any() else rounds
     verify_s = decode["verify_s"].mean()
     backups = rounds.loc[rounds["backup"].notna(), "draft_s"]
+    looked_up = counted_lookups(rounds)
     out = {
-        "p_hit": float(rounds["hit"].astype(bool).mean()),
+        "p_hit": float(looked_up["hit"].astype(bool).mean()),
         "e_hit": float(rounds.loc[previous_hit, "new_tokens"].mean()) if previous_hit.any() else 0.0,
         "e_miss": float(rounds.loc[~previous_hit, "new_tokens"].mean()),
         "t_p": float(rounds["prespec_s"].mean() / verify_s),
         "t_b": float(backups.mean() / verify_s) if len(backups) else 0.0,
         "verify_s": float(verify_s),
     }
-    known = rounds["all_hit"].dropna() if "all_hit" in rounds else ()
+    known = looked_up["all_hit"].dropna() if "all_hit" in rounds else ()
     out["all_hit"] = float(known.astype(bool).mean()) if len(known) else out["p_hit"]
     out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"],
                                                 out["all_hit"])

@@ -14,6 +14,7 @@ from ssd.models import tiny_pair
 from ssd.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
 from ssd.sampling import uniforms
 from ssd.ssd import SSDConfig, Speculator, counterfactual_hits, generate_ssd
+from ssd.trace import counted_lookups, final_rounds
 from ssd.tuning import carried_calibrator, forget_estimates
 from ssd.verify import Verdict
 
@@ -103,6 +104,12 @@ def test_hits_are_exactly_the_outcomes_ranked_within_the_fan_out(pair):
     for row in frame.itertuples():
         assert row.hit == (pd.notna(row.rank) and row.rank <= row.fan_out[row.accepted])
         assert pd.isna(row.backup) == (row.hit or row.round == len(frame) - 1)  # the backup runs after each miss
+    # The hit rate counts every lookup but the last round's, which decides nothing (no round follows it)
+    assert trace.hit_rate == pytest.approx(frame["hit"].iloc[:-1].mean())
+    assert final_rounds(frame).tolist() == [False] * (len(frame) - 1) + [True]
+    two = pd.concat([frame, frame.iloc[:3]])  # a second answer of three rounds
+    assert final_rounds(two).tolist() == [False] * (len(frame) - 1) + [True, False, False, True]
+    assert len(counted_lookups(two)) == len(frame) - 1 + 2
 
 
 def test_hit_rate_rises_with_the_budget(pair):
@@ -137,7 +144,9 @@ def test_counterfactual_estimates_kept_apart_for_backup_drafted_rounds(pair):
         assert g.backed.tolist() == [True] + (~g.hit.to_numpy()[:-1]).tolist()
     shared = counterfactual_hits(frame, [0, 2, 8], k=3, strategy="calibrated", a_p=0.8, r=0.7)
     assert (shared.backed == apart.backed).loc[shared.budget == 0].all() and not apart[apart.budget == 0].hit.any()
-    assert apart[apart.budget == 8].hit.any() and set(apart.columns) == {"run", "round", "budget", "backed", "hit"}
+    assert apart[apart.budget == 8].hit.any() and set(apart.columns) == {"run", "round", "final", "budget", "backed",
+                                                                 "hit"}
+    assert apart.groupby("budget").final.sum().eq(1).all() and apart[apart.final]["round"].eq(len(frame) - 1).all()
 
 
 # ---- temperature > 0: Saguaro and the fast backup stay lossless -------------------------------------------------

@@ -57,11 +57,11 @@ def rounds_frame():
 
 def test_measured_theorem7_reads_every_input_off_the_rounds():
     out = measured_theorem7(rounds_frame(), ar_step_s=0.5)
-    assert out["p_hit"] == pytest.approx(2 / 6)
+    assert out["p_hit"] == pytest.approx(2 / 4)  # each run's last round's lookup decides nothing: left out
     assert out["e_hit"] == pytest.approx((4 + 5) / 2)  # rounds after a hit
     assert out["e_miss"] == pytest.approx((2 + 1 + 3 + 1) / 4)
     assert (out["t_p"], out["t_b"]) == (pytest.approx(0.5), pytest.approx(0.3))
-    expected = theorem7_speedup(2 / 6, 4.5, 7 / 4, 0.5, 0.3)
+    expected = theorem7_speedup(2 / 4, 4.5, 7 / 4, 0.5, 0.3)
     assert out["tokens_per_verify"] == pytest.approx(expected)
     assert out["predicted_speedup_vs_ar"] == pytest.approx(expected * 0.5 / 1.0)
 
@@ -88,7 +88,7 @@ def test_bench_summary_ratios_and_ssd_prediction():
     assert summary["hf-ar"]["decode_tokens_per_s"] is None and summary["hf-ar"]["decode_speedup_vs_ar"] is None
     assert summary["ar"]["speedup_vs_peer"] == pytest.approx(0.8)  # ar against hf-ar
     assert summary["sd"]["acceptance_rate"] == pytest.approx(0.75)
-    assert summary["ssd"]["hit_rate"] == pytest.approx(2 / 6)
+    assert summary["ssd"]["hit_rate"] == pytest.approx(2 / 4)
     assert summary["ssd"]["predicted_speedup_vs_ar"] == pytest.approx(
         measured_theorem7(rounds_frame(), ar_step_s=0.5)["predicted_speedup_vs_ar"]
     )
@@ -140,8 +140,17 @@ def test_the_critical_batch_size_at_its_edges():
 
 
 def test_measured_theorem7_charges_a_batch_its_all_hit_rate():
-    rounds = rounds_frame().assign(all_hit=[False, False, True, False, False, False])  # one round of six all hit
+    rounds = rounds_frame().assign(all_hit=[False, False, True, False, False, False])  # one counted round of 4 all hit
     out = measured_theorem7(rounds)
-    assert out["p_hit"] == pytest.approx(2 / 6) and out["all_hit"] == pytest.approx(1 / 6)
-    assert out["tokens_per_verify"] == pytest.approx(theorem7_speedup(2 / 6, 4.5, 7 / 4, 0.5, 0.3, all_hit=1 / 6))
-    assert measured_theorem7(rounds_frame())["all_hit"] == pytest.approx(2 / 6)  # no column: one sequence's rounds
+    assert out["p_hit"] == pytest.approx(2 / 4) and out["all_hit"] == pytest.approx(1 / 4)
+    assert out["tokens_per_verify"] == pytest.approx(theorem7_speedup(2 / 4, 4.5, 7 / 4, 0.5, 0.3, all_hit=1 / 4))
+    assert measured_theorem7(rounds_frame())["all_hit"] == pytest.approx(2 / 4)  # no column: one sequence's rounds
+
+
+def test_an_answers_last_round_leaves_the_hit_rates():
+    """Its lookup decides nothing: what it found moves neither p_hit nor the all-hit rate, nor E_hit / E_miss."""
+    base = rounds_frame().assign(all_hit=[True, False, True, False, False, False])
+    flipped = base.assign(hit=[True, False, True, True, False, True], all_hit=[True, False, True, True, False, True])
+    assert measured_theorem7(flipped) == pytest.approx(measured_theorem7(base))
+    moved = base.assign(hit=[True, True, True, False, False, False])  # a round that is not last does move it
+    assert measured_theorem7(moved)["p_hit"] == pytest.approx(3 / 4)
