@@ -656,12 +656,16 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
     """Generate calls on one time axis (seconds since each call began): one lane per model of each method (the
     pipeline's: per rank), its timed blocks as bars coloured by phase (PHASE_COLOURS): the prompts' pass, the
     target's verify passes and the verifier's waits; the draft's steps (SD), or the drafter's pre-speculation and,
-    after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass is marked above
-    with its hit (a green triangle) or miss (a red cross). rounds: draw only the prompts' pass and the first `rounds`
-    rounds. traces: a Trace, a list of them (one call per method), or a frame of spans (Trace.spans_frame(), several
-    methods' concatenated; ssd.bench.run_bench's "spans" for one prompt)."""
+    after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass but the last
+    (whose lookup decides nothing) is marked above with its hit (a green triangle) or miss (a red cross). rounds:
+    draw only the prompts' pass and the first `rounds` rounds. traces: a Trace, a list of them (one call per
+    method), or a frame of spans (Trace.spans_frame(), several methods' concatenated; ssd.bench.run_bench's "spans"
+    for one prompt)."""
     frame = _check(timeline_spans(traces), ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"],
                    "timeline")
+    # The last round's lookup decides nothing (trace.final_rounds): no mark for it
+    frame = frame.assign(mark=frame["phase"].eq("verify_s") & frame["hit"].isin([True, False])
+                         & (frame["round"] < frame.groupby("method")["round"].transform("max")))
     if rounds is not None:
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1 (or None for every round), got {rounds}")
@@ -677,7 +681,7 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
                 name = _phase_name(s.phase, s.hit, s.backup)
                 ax.broken_barh([(s.start_s, s.end_s - s.start_s)], (y - 0.38, 0.76), facecolors=PHASE_COLOURS.get(
                     name, "black"), edgecolor="white", linewidth=0.5)
-                if s.phase == "verify_s" and isinstance(s.hit, (bool, np.bool_)):
+                if s.mark:
                     ax.plot(s.end_s, y + 0.5, "^" if s.hit else "x", color="#2a9d3f" if s.hit else "#c44e52",
                             markersize=7, markeredgewidth=2)
         ax.set_yticks(range(len(lanes)))
@@ -689,7 +693,7 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
         shown = {_phase_name(p, h, b) for p, h, b in zip(frame["phase"], frame["hit"], frame["backup"])}
         handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="0.6", linewidth=0.5, label=name)
                    for name, c in PHASE_COLOURS.items() if name in shown]
-        marked = frame[frame["phase"].eq("verify_s")]["hit"]
+        marked = frame.loc[frame["mark"], "hit"]
         if marked.isin([True]).any():
             handles.append(plt.Line2D([], [], marker="^", color="#2a9d3f", linestyle="", label="hit"))
         if marked.isin([False]).any():

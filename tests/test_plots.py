@@ -410,17 +410,19 @@ def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
     pipe = spans("ssd-pipeline", (None, "prefill_s", 0.0, 1.0), (0, "verify_s", 1.2, 1.7), (0, "wait_s", 1.7, 2.0),
                  (0, "prespec_s", 1.2, 1.9), (0, "draft_s", 1.9, 2.0), (1, "verify_s", 2.0, 2.5),
                  (1, "wait_s", 2.5, 3.0), (1, "prespec_s", 2.0, 2.6), (1, "draft_s", 2.6, 3.0),
-                 hits=[True, False], backups=[None, "jit"])
+                 (2, "verify_s", 3.0, 3.5), (2, "draft_s", 3.5, 3.6),
+                 hits=[True, False, False], backups=[None, "jit", None])
     fig = plots.timeline([sd, pipe])
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [
         "ssd-pipeline: verifier (rank 0)", "ssd-pipeline: drafter (rank 1)", "sd: target", "sd: draft"]
-    assert len(ax.collections) == 14  # one bar per span
+    assert len(ax.collections) == 16  # one bar per span
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["prompts' pass", "verify", "wait", "draft steps", "pre-speculation", "lookup", "backup (jit)",
                       "hit", "miss"]
     marks = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
-    assert [(ln.get_xdata()[0], ln.get_marker()) for ln in marks] == [(1.7, "^"), (2.5, "x")]  # each verify's end
+    # each verify's end but the last round's, whose lookup decides nothing
+    assert [(ln.get_xdata()[0], ln.get_marker()) for ln in marks] == [(1.7, "^"), (2.5, "x")]
     png_digest(fig, tmp_path)
     # The first round only; a frame of spans draws as its traces do.
     fig = plots.timeline(pd.concat([sd.spans_frame(), pipe.spans_frame()]), rounds=1)
