@@ -13,8 +13,8 @@ The miss rate differs by kind of position (``KINDS``): at the bonus position (al
 next token after text the draft agreed with, and the draft's top few candidates nearly always hold it; at a
 recovered position (a rejection) t* comes from the residual distribution, where the draft was wrong, and it ranks far
 lower (on 32 HumanEval prompts: F = 1 misses 9% of bonus tokens but 53% of recovered ones). One law over both
-over-serves the bonus position and starves the others, which at B >= 16 lost to uniform; calibrated keeps one
-estimate per kind.
+over-serves the bonus position and starves the others (at B = 16 it lost to uniform in the first sweep);
+calibrated keeps one estimate per kind.
 """
 from __future__ import annotations
 
