@@ -33,7 +33,7 @@ from .checks import parse_variant
 from .methods import resolve
 from .prompts import encode
 from .theory import measured_theorem7, sd_from_profile, theorem7_from_profile
-from .trace import ForwardClock, Trace, counted_lookups
+from .trace import ForwardClock, Trace
 from .tuning import on_auto
 
 # Each of ours next to the transformers peer that does the same job.
@@ -80,7 +80,6 @@ def _forwards(clock: ForwardClock, wall: float) -> dict:
 def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> dict:
     drafting = [r for r in trace.rounds if r.draft_len > 0]
     budgets = [r.budget for r in trace.rounds if getattr(r, "budget", None) is not None]
-    all_hit = [r.all_hit for r in trace.rounds[:-1] if getattr(r, "all_hit", None) is not None]  # as hit_rate
     return {
         "method": method,
         "batch_size": b,
@@ -102,7 +101,7 @@ def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> d
         "tokens_per_round": trace.tokens_per_round,
         "hit_rate": trace.hit_rate,
         # SSD at batch b: the share of this sequence's rounds in which every sequence of the batch hit
-        "all_hit_rate": sum(all_hit) / len(all_hit) if all_hit else None,
+        "all_hit_rate": trace.all_hit_rate,
         # The K and B the rounds used (the tuner's choices with k or budget "auto"): K over rounds that drafted.
         "drafting_rounds": len(drafting),
         "mean_k": sum(r.draft_len for r in drafting) / len(drafting) if drafting else None,
@@ -344,10 +343,11 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         # give; for ssd-pipeline, the prediction to hold against its measured speedup_vs_ar.
         ar_step_s = 1 / tps["ar"] if "ar" in tps else None
         ssd = next(s for s in summary if s["method"] == name)
-        ssd["hit_rate"] = float(counted_lookups(rounds[rounds.method == name])["hit"].astype(bool).mean())
+        measured = measured_theorem7(rounds[rounds.method == name], ar_step_s)
+        ssd["hit_rate"] = measured["p_hit"]  # over the counted lookups (trace.final_rounds), as each row's
         backed = rounds.loc[(rounds.method == name) & rounds["backup"].notna(), "backup"]
         ssd["fast_backup_share"] = float((backed == "fast").mean()) if len(backed) else None  # of the misses
-        ssd.update(measured_theorem7(rounds[rounds.method == name], ar_step_s))
+        ssd.update(measured)
         fixed = config is not None and resolve(name, config)[1]
         if profile is not None and fixed and _priced_by(profile, fixed):
             ssd.update(theorem7_from_profile(profile, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],

@@ -123,8 +123,17 @@ class Trace:
     @property
     def hit_rate(self) -> float | None:
         """Hits over the lookups that count: every round's but the answer's last (see ``final_rounds``)."""
-        looked_up = [r.hit for r in self.rounds[:-1] if getattr(r, "hit", None) is not None]
-        return sum(looked_up) / len(looked_up) if looked_up else None
+        return self._share_of_lookups("hit")
+
+    @property
+    def all_hit_rate(self) -> float | None:
+        """At batch b: the share of this sequence's counted rounds in which every sequence that went on hit."""
+        return self._share_of_lookups("all_hit")
+
+    def _share_of_lookups(self, name: str) -> float | None:
+        """The mean of a round's boolean `name` over every round but the last, whose lookup decides nothing."""
+        known = [getattr(r, name) for r in self.rounds[:-1] if getattr(r, name, None) is not None]
+        return sum(known) / len(known) if known else None
 
     @property
     def tokens_per_round(self) -> float | None:
