@@ -32,21 +32,25 @@ def atomic_path(path: str):
 
 
 @contextlib.contextmanager
-def cache_lock(name: str):
+def cache_lock(name: str, wait: bool = True):
     """Hold the exclusive lock `name` (a file in the cache's locks/ folder) for the block: one process builds a cache
     entry (weights, a precision decision) while others wait for it and then read it, rather than all building it at
     once (a second build of the weights would double the memory; a second timing would run beside the first and
-    skew both)."""
+    skew both). Yields True once held; with wait=False, False at once where another process holds it."""
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; the atomic rename still keeps every entry whole
-        yield
+        yield True
         return
     folder = cache_dir() / "locks"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, and by the OS if this process dies
-        yield
+        try:  # released when the file closes, and by the OS if this process dies
+            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def _umask() -> int:

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from .devices import resolve_device
 from .files import cache_dir, cache_lock
 from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
-                         transformers_bars)
+                         ensure_all_cached, transformers_bars)
 from .names import DEFAULT_PAIR
 from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
                    ready)
@@ -96,6 +96,8 @@ def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Preci
     for role, precision in asked.items():
         if precision != "auto":
             check_supported(precision, device, f"{role}_dtype")
+    if name in PAIRS:  # the arguments are sound: build the weights first (auto's timing loads both under its lock)
+        ensure_all_cached((PAIRS[name].draft, PAIRS[name].target), progress)
     cap = capability()
     if "auto" not in asked.values():
         return fixed(asked["target"], asked["draft"], cap)

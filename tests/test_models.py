@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from ssd import gguf_store, models
+from ssd.files import cache_lock
 from ssd.gguf_store import GGUFSpec, ModelPartError, join_parts
 from ssd.models import check_same_tokenizer, load_pair, tiny_pair
 
@@ -350,6 +351,41 @@ def test_two_loads_at_once_build_the_weights_once(tmp_path, private_cache, monke
     slowly(monkeypatch, gguf_store, "_build", builds)
     folders = in_two_threads(gguf_store.ensure_cached, spec, progress=False)
     assert builds == ["_build"] and folders == [private_cache / "models" / "twice"] * 2
+
+
+def test_two_loads_at_once_build_a_pairs_two_models_side_by_side(tmp_path, private_cache, monkeypatch):
+    # On a fresh machine the second process builds the model the first is not building, rather than wait for it.
+    specs = [shipped_spec(tmp_path, monkeypatch, model, name) for model, name in ((tiny_pair().draft, "d3"),
+                                                                                  (tiny_pair().target, "t3"))]
+    built = []
+    real = gguf_store._build
+
+    def build(paths, models_folder, folder, spec, progress):
+        built.append((spec.slug, threading.get_ident()))
+        time.sleep(0.5)  # long enough for the other thread to find this model's lock held
+        return real(paths, models_folder, folder, spec, progress)
+
+    monkeypatch.setattr(gguf_store, "_build", build)
+    in_two_threads(gguf_store.ensure_all_cached, specs, progress=False)
+    assert sorted(slug for slug, _ in built) == ["d3", "t3"]  # each built once
+    assert built[0][1] != built[1][1]  # by different threads, at once
+    assert all(gguf_store.ensure_cached(spec, wait=False) == private_cache / "models" / spec.slug for spec in specs)
+
+
+def test_a_lock_asked_without_waiting_says_it_is_held(private_cache):
+    with cache_lock("busy") as first:
+        held = []
+
+        def ask():
+            with cache_lock("busy", wait=False) as second:
+                held.append(second)
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        thread.join()
+    assert first is True and held == [False]
+    with cache_lock("busy", wait=False) as again:
+        assert again is True
 
 
 def test_two_loads_at_once_time_the_precisions_once(tmp_path, monkeypatch):
