@@ -356,7 +356,8 @@ def test_two_loads_at_once_build_the_weights_once(tmp_path, private_cache, monke
 def test_two_loads_at_once_build_a_pairs_two_models_side_by_side(tmp_path, private_cache, monkeypatch):
     # On a fresh machine the second process builds the model the first is not building, rather than wait for it.
     tiny = tiny_pair()
-    specs = [shipped_spec(tmp_path, monkeypatch, tiny.draft, "d3"), shipped_spec(tmp_path, monkeypatch, tiny.target, "t3")]
+    specs = [shipped_spec(tmp_path, monkeypatch, tiny.draft, "d3"),
+             shipped_spec(tmp_path, monkeypatch, tiny.target, "t3")]
     built = []
     real = gguf_store._build
 
