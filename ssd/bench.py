@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import kernels
 from .decoding import DecodeConfig, generate_ar
 from .files import write_json
 from .experiments import MIN_CI_N, mean_ci, speedups
@@ -553,6 +554,7 @@ def environment(device="cpu") -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "capability": capability(),  # the CPU's vector ISA and native reduced precisions: what auto decided from
+        "float32_library": kernels.decisions(),  # which library multiplied float32 layers, as timed here (ssd.kernels)
     }
 
 

@@ -14,6 +14,7 @@ from .checks import check_strategy, parse_methods, parse_variant
 from .cores import check_cores
 from .devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
+from .kernels import library_line
 from .methods import get_method
 from .models import DEFAULT_PAIR, PAIRS, load_pair
 from .pipeline import PipelineConfig
@@ -40,6 +41,7 @@ def load(args):
     """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
     pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
     print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
+    print(f"[ssd] float32 layers multiply in {library_line(pair)}", file=sys.stderr)
     return pair
 
 

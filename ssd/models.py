@@ -24,6 +24,7 @@ from .devices import resolve_device
 from .files import cache_dir, cache_lock
 from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
                          ensure_all_cached, transformers_bars)
+from .kernels import choose as choose_library
 from .names import DEFAULT_PAIR
 from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
                    ready)
@@ -82,7 +83,9 @@ def load_draft(name: str, *, precision="float32", device="cpu", progress=True) :
 def _at_precision(model, precision: str, device, role: str):
     """A model loaded in float32, ready at its role's precision on this device. One copy of the weights is ever
     cached on disk (float32); every precision is made from it at load time. A target keeps float32 logits."""
-    return convert(ready(model, device), precision, f"{role}_dtype", float_logits=role == "target")
+    model = convert(ready(model, device), precision, f"{role}_dtype", float_logits=role == "target")
+    choose_library(model)  # float32 layers on a CPU: torch's default library or oneDNN, whichever is faster here
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------------------

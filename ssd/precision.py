@@ -39,7 +39,8 @@ from .checks import check_precision_name
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MARGIN = 0.10  # a reduced-precision target must verify at least 10% faster than float32 to be chosen
 AUTO_K = 4  # the draft length the target's verify pass is timed at (K + 1 = 5 tokens)
-RULE = 2  # what auto times and how; a new rule measures every machine again (2: targets keep float32 logits)
+RULE = 3  # what auto times and how; a new rule measures every machine again (2: targets keep float32 logits;
+# 3: float32 timed through the faster matrix library, ssd.kernels)
 # CPU flags worth recording: the vector ISA, and native low-precision dot products (x86 /proc/cpuinfo, aarch64 names).
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8",
          "amx_fp16", "asimd", "bf16", "i8mm", "sve", "sve2")
