@@ -47,6 +47,7 @@ from .checks import check_at_least
 from .cores import check_cores, pinned
 from .devices import synchronize
 from .files import KIT_ROOT, atomic_path, cache_dir
+from .kernels import library_of
 from .precision import RULE, capability, kind_of, machine_kind, weight_bytes
 from .theory import expected_tokens, sd_from_profile
 
@@ -287,7 +288,9 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
     key = [VERSION, RULE, pair.name, pair.precisions.target, pair.precisions.draft, str(pair.target.device), cap["cpu"],
            cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
            check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
-    key = json.dumps(key + ([batch_size] if batch_size != 1 else []))  # b = 1 keeps the name it always had
+    key += [batch_size] if batch_size != 1 else []  # b = 1 keeps the name it always had
+    libraries = [library_of(pair.target), library_of(pair.draft)]  # which library multiplied (ssd.kernels)
+    key = json.dumps(key + (libraries if "onednn" in libraries else []))
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

@@ -10,6 +10,7 @@ from ssd.decoding import DecodeConfig, generate_ar
 from ssd.methods import METHODS
 from ssd.models import tiny_pair
 from ssd.precision import convert
+from ssd.profile import profile_path
 from ssd.ssd import SSDConfig
 
 needs_onednn = pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN linear")
@@ -87,3 +88,9 @@ def test_every_row_of_a_batch_through_onednn_equals_ar_alone(pair, name):
              for p in PROMPTS]
     tokens, _ = METHODS[name](pair, PROMPTS, config, torch.Generator().manual_seed(0))
     assert tokens == alone
+
+
+def test_a_profile_timed_through_onednn_is_kept_apart(pair):
+    torch_path = profile_path(pair, "0", "1")
+    kernels.use_onednn(pair.target)
+    assert profile_path(pair, "0", "1") != torch_path  # the latencies a tuner prices on depend on the library
