@@ -6,8 +6,8 @@ one row but 6 ms for two and 9-17 ms for 5 to 8 (a verify pass, a batch's step),
 should cost about what one row costs; its output layer (151936 x 1536) 74 ms for one row, 262 ms for five. oneDNN,
 which torch also ships, does the same products in 1.9 / 6.7-8.3 ms and 39 / 83 ms (``kernels`` in docs/precision.md).
 Which library is faster is a property of the machine (MKL picks its code path by CPU vendor), so it is measured, not
-assumed: ``choose`` times one of the model's own layers at one row and at eight with each library, once per process
-and shape, and keeps oneDNN only if it is at least ``MARGIN`` faster.
+assumed: ``choose`` times a layer shaped like the model's largest (below its output layer) at one row and at eight
+with each library, once per process and shape, and keeps oneDNN only if it is at least ``MARGIN`` faster.
 
 The model is unchanged but for the class of its float32 ``nn.Linear`` layers (``OneDNNLinear``: same weights, same
 state dict). The output differs from torch's default only by the rounding of a different summation order; every
@@ -55,8 +55,9 @@ def float32_linears(model) -> list[torch.nn.Linear]:
 
 
 def choose(model) -> dict | None:
-    """Time the model's largest float32 layer below its output layer with each library and, where oneDNN is faster
-    by MARGIN, run every float32 nn.Linear of the model through it. Returns the decision (None: nothing to decide)."""
+    """Time a layer shaped like the model's largest float32 one below its output layer with each library, and run
+    every float32 nn.Linear of the model through the faster (oneDNN only where it is faster by MARGIN). Returns the
+    decision (None: nothing to decide)."""
     layers = float32_linears(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     body = [m for m in layers if m is not head] or layers
@@ -64,8 +65,7 @@ def choose(model) -> dict | None:
         return None
     probe = max(body, key=lambda m: m.weight.numel())
     decision = decide(tuple(probe.weight.shape), torch.get_num_threads())
-    if decision["library"] == "onednn":
-        use_onednn(model)
+    (use_onednn if decision["library"] == "onednn" else use_torch)(model)
     return decision
 
 
