@@ -95,3 +95,20 @@ def test_a_profile_timed_through_onednn_is_kept_apart(pair):
     torch_path = profile_path(pair, "0", "1")
     kernels.use_onednn(pair.target)
     assert profile_path(pair, "0", "1") != torch_path  # the latencies a tuner prices on depend on the library
+
+
+def test_a_onednn_that_fails_leaves_torchs_product(monkeypatch, pair):
+    def broken(x, weight, bias):
+        raise RuntimeError("no such primitive")
+
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    monkeypatch.setattr(kernels, "onednn_linear", broken)
+    kernels.decide.cache_clear()
+    try:
+        decision = kernels.choose(pair.target)
+        line = kernels.library_line(pair)
+    finally:
+        kernels.decide.cache_clear()
+        kernels._decisions.clear()
+    assert decision["library"] == "torch" and decision["ms"]["onednn"] is None
+    assert kernels.library_of(pair.target) == "torch" and "oneDNN unavailable" in line
