@@ -2,9 +2,9 @@
 
 On a CPU torch sends a float32 ``nn.Linear`` to MKL's sgemm. On this project's AMD EPYC (AVX2) that product is slow
 for a handful of rows, the shapes decoding lives on: the 1.5B target's MLP projection (8960 x 1536) takes 2.8 ms for
-one row but 6 ms for two and 9-17 ms for 5 to 8 (a verify pass, a batch's step), where streaming the weights once
+one row but 6 ms for two and 9-19 ms for 4 to 8 (a verify pass, a batch's step), where streaming the weights once
 should cost about what one row costs; its output layer (151936 x 1536) 74 ms for one row, 262 ms for five. oneDNN,
-which torch also ships, does the same products in 1.9 / 6.7-8.3 ms and 39 / 83 ms (``kernels`` in docs/precision.md).
+which torch also ships, does the same products in 1.9 / 4.4-8.3 ms and 39 / 83 ms (``kernels`` in docs/precision.md).
 Which library is faster is a property of the machine (MKL picks its code path by CPU vendor), so it is measured, not
 assumed: ``choose`` times a layer shaped like the model's largest (below its output layer) at one row and at eight
 with each library, once per process and shape, and keeps oneDNN only if it is at least ``MARGIN`` faster.
@@ -12,7 +12,8 @@ with each library, once per process and shape, and keeps oneDNN only if it is at
 The model is unchanged but for the class of its float32 ``nn.Linear`` layers (``OneDNNLinear``: same weights, same
 state dict). The output differs from torch's default only by the rounding of a different summation order; every
 method and every peer runs the same model, so the greedy identity with AR is unaffected, and the tests check it on
-the swapped layers. int8 (torch.ao's packed layers), bfloat16 and float16 layers and GPU models are left as they are.
+the swapped layers. int8 (torch.ao's packed layers), bfloat16 and float16 layers and GPU models are left as they are;
+a reduced-precision target's output layer is float32 (``ssd.precision.FloatLogits``) and is timed like any.
 """
 from __future__ import annotations
 
