@@ -17,7 +17,6 @@ a reduced-precision target's output layer is float32 (``ssd.precision.FloatLogit
 """
 from __future__ import annotations
 
-import functools
 import time
 
 import torch
@@ -27,7 +26,7 @@ MARGIN = 0.10  # oneDNN must be this much faster than torch's default to be used
 ROWS = (1, 8)  # the rows a layer is timed at: an AR step, a verify pass or a batch's step
 REPEATS = 5  # timed calls per library and shape (the fastest counts: the clock only ever adds)
 
-_decisions: dict[tuple, dict] = {}  # every choice this process made: what bench JSONs record
+_decisions: dict[tuple, dict] = {}  # (shape, threads) -> the choice made: what bench JSONs record
 
 
 def available() -> bool:
@@ -70,10 +69,15 @@ def choose(model) -> dict | None:
     return decision
 
 
-@functools.cache
 def decide(shape: tuple[int, int], threads: int) -> dict:
-    """The faster library for a [out, in] float32 weight at ROWS rows on `threads` threads (random values: the
-    time does not depend on them)."""
+    """The faster library for a [out, in] float32 weight at ROWS rows on `threads` threads, timed once per process
+    (random values: the time does not depend on them)."""
+    if (shape, threads) not in _decisions:
+        _decisions[(shape, threads)] = _timed_choice(shape, threads)
+    return _decisions[(shape, threads)]
+
+
+def _timed_choice(shape: tuple[int, int], threads: int) -> dict:
     weight = torch.randn(shape)
     ms = {"torch": 0.0, "onednn": 0.0}
     for rows in ROWS:
@@ -84,10 +88,8 @@ def decide(shape: tuple[int, int], threads: int) -> dict:
         except RuntimeError:  # a build whose oneDNN lacks this product (some ARM builds): torch's it is
             ms["onednn"] = float("inf")
     library = "onednn" if ms["onednn"] <= (1 - MARGIN) * ms["torch"] else "torch"
-    decision = {"library": library, "shape": list(shape), "threads": threads, "rows": list(ROWS),
-                "ms": {k: round(v, 3) if v != float("inf") else None for k, v in ms.items()}}
-    _decisions[(shape, threads)] = decision
-    return decision
+    return {"library": library, "shape": list(shape), "threads": threads, "rows": list(ROWS),
+            "ms": {k: round(v, 3) if v != float("inf") else None for k, v in ms.items()}}
 
 
 @torch.inference_mode()

@@ -68,12 +68,11 @@ def test_onednn_is_chosen_only_when_it_is_margin_faster(monkeypatch, pair, torch
         pytest.skip("this torch has no oneDNN linear")
     calls = iter([torch_ms / 2, onednn_ms / 2] * len(kernels.ROWS))  # each library's time, at each row count in turn
     monkeypatch.setattr(kernels, "_fastest_ms", lambda call: next(calls))
-    kernels.decide.cache_clear()
+    kernels._decisions.clear()
     try:
         decision = kernels.choose(pair.target)
         recorded = decision in kernels.decisions()  # what a bench JSON records
     finally:  # the made-up times leave no decision behind
-        kernels.decide.cache_clear()
         kernels._decisions.clear()
     assert decision["library"] == chosen and decision["ms"] == {"torch": torch_ms, "onednn": onednn_ms}
     assert kernels.library_of(pair.target) == chosen and recorded
@@ -103,12 +102,11 @@ def test_a_onednn_that_fails_leaves_torchs_product(monkeypatch, pair):
 
     monkeypatch.setattr(kernels, "available", lambda: True)
     monkeypatch.setattr(kernels, "onednn_linear", broken)
-    kernels.decide.cache_clear()
+    kernels._decisions.clear()
     try:
         decision = kernels.choose(pair.target)
         line = kernels.library_line(pair)
     finally:
-        kernels.decide.cache_clear()
         kernels._decisions.clear()
     assert decision["library"] == "torch" and decision["ms"]["onednn"] is None
     assert kernels.library_of(pair.target) == "torch" and "oneDNN unavailable" in line
