@@ -289,8 +289,7 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
            cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
            check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
     key += [batch_size] if batch_size != 1 else []  # b = 1 keeps the name it always had
-    libraries = [library_of(pair.target), library_of(pair.draft)]  # which library multiplied (ssd.kernels)
-    key = json.dumps(key + (libraries if "onednn" in libraries else []))
+    key = json.dumps(key + [library_of(pair.target), library_of(pair.draft)])  # which library multiplied (ssd.kernels)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
