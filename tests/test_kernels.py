@@ -97,7 +97,10 @@ def test_a_profile_timed_through_onednn_is_kept_apart(pair):
 
 
 def test_a_onednn_that_fails_leaves_torchs_product(monkeypatch, pair):
+    calls = []
+
     def broken(x, weight, bias):
+        calls.append(tuple(weight.shape))
         raise RuntimeError("no such primitive")
 
     monkeypatch.setattr(kernels, "available", lambda: True)
@@ -106,7 +109,9 @@ def test_a_onednn_that_fails_leaves_torchs_product(monkeypatch, pair):
     try:
         decision = kernels.choose(pair.target)
         line = kernels.library_line(pair)
+        shapes = len(kernels._decisions)
     finally:
         kernels._decisions.clear()
     assert decision["library"] == "torch" and decision["ms"]["onednn"] is None
     assert kernels.library_of(pair.target) == "torch" and "oneDNN unavailable" in line
+    assert len(calls) == shapes  # tried once a shape: after a failure the larger row counts are not tried again
