@@ -25,8 +25,7 @@ def course_notebooks(notebooks_dir: str = "notebooks") -> list[str]:
 def run_course(notebooks_dir: str = "notebooks", out_dir: str = "runs/course", only: list[str] | None = None) -> dict:
     """Execute the notebooks (those whose names start with one of `only`, if given); returns seconds per notebook.
     Stops at the first failure, raising papermill's error with the path of the failed copy."""
-    import papermill  # imported here: `python -m ssd` should not pay for it on every command
-
+    from .execute import execute_notebook
     from .sweep import check_kernel
 
     check_kernel()
@@ -41,9 +40,7 @@ def run_course(notebooks_dir: str = "notebooks", out_dir: str = "runs/course", o
         running, failed = out.replace(".ipynb", ".running.ipynb"), out.replace(".ipynb", ".failed.ipynb")
         start = time.perf_counter()
         try:
-            # The kernel runs in the notebook's folder, as in JupyterLab and nbval, so its ../data paths agree.
-            papermill.execute_notebook(path, running, cwd=os.path.dirname(os.path.abspath(path)), kernel_name="python3",
-                                       progress_bar=False)
+            execute_notebook(path, running)  # in the notebook's folder, as in JupyterLab and nbval
         except BaseException:
             if os.path.exists(running):
                 os.replace(running, failed)

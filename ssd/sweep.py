@@ -1,8 +1,8 @@
 """Papermill over a parameter grid, resumable: `python -m ssd sweep GRID.yaml [--jobs N] [--dry-run]`.
 
 A grid file names a notebook and the parameters to vary (see `load_grid`). Each point of the cartesian product runs
-the notebook once, in its own `python -m papermill` subprocess on this environment's python3 kernel, with the
-notebook's folder as the working directory (as in Jupyter and nbval).
+the notebook once, through papermill in its own subprocess (`python -m ssd.execute`) on this environment's python3
+kernel, with the notebook's folder as the working directory (as in Jupyter and nbval).
 
 Protocol with the notebook: its `parameters` cell must define `results_csv`. The sweep sets it to
 `<runs-dir>/<name>/<point_id>.csv` (an absolute path); the notebook's last step writes its tidy result frame there,
@@ -211,9 +211,9 @@ class _Run:
         # YAML, not JSON: PyYAML reads JSON's 1e-05 as a string.
         per_point = {"results_csv": self.csv} | ({"figures_dir": f"{stem}_figures"} if figures else {})
         params = yaml.safe_dump(point.parameters | per_point)
-        # sys.executable runs papermill, and papermill runs the python3 kernel with its own sys.executable.
-        cmd = [sys.executable, "-m", "papermill", notebook, self.running, "-y", params, "-k", "python3",
-               "--cwd", os.path.dirname(notebook), "--no-progress-bar"]
+        # sys.executable runs papermill, and papermill runs the python3 kernel with its own sys.executable; the kernel
+        # talks over Unix sockets, which a point beside it cannot take (ssd.execute).
+        cmd = [sys.executable, "-m", "ssd.execute", notebook, self.running, "--parameters", params]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 

@@ -15,10 +15,22 @@ def pytest_configure(config):
     # Tiny models gain nothing from a second thread, and OpenMP threads that spin waiting for a busy core make
     # them many times slower; the real pair's fixture (cores_of_this_worker) raises the count while it runs.
     torch.set_num_threads(1)
+    use_ipc_kernels_in_nbval()
     if hasattr(config, "workerinput"):  # an xdist worker (never the controller: the workers would inherit its value)
         # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
         # read this when they import torch: the worker's share of the cores, whatever the caller's shell had set.
         os.environ["OMP_NUM_THREADS"] = str(worker_cores())
+
+
+def use_ipc_kernels_in_nbval():
+    """nbval starts its kernels with jupyter_client's KernelManager, over TCP ports that another process can bind
+    before the kernel does (a CI run failed so: ssd.execute). nbval offers no setting for it, so its module gets the
+    kernel manager the course and the sweeps use."""
+    import nbval.kernel
+
+    from ssd.execute import IpcKernelManager
+
+    nbval.kernel.KernelManager = IpcKernelManager
 
 
 @pytest.fixture(scope="module")

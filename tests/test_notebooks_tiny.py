@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from ssd.course import course_notebooks
+from ssd.execute import execute_notebook
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [os.path.basename(p) for p in course_notebooks(str(ROOT / "notebooks"))]
@@ -28,12 +29,9 @@ def test_the_course_is_all_here():
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_a_notebook_runs_on_the_tiny_pair(course, name):
-    import papermill
-
     notebooks = course / "notebooks"
     out = course / f"executed_{name}"
-    papermill.execute_notebook(str(notebooks / name), str(out), parameters={"pair_name": "tiny"},
-                               cwd=str(notebooks), kernel_name="python3", progress_bar=False)
+    execute_notebook(str(notebooks / name), str(out), parameters={"pair_name": "tiny"})
     assert out.is_file()
 
 
@@ -42,8 +40,6 @@ def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures
     pair, the precisions and the kind of machine), shown, and never re-measured at the notebook's defaults."""
     import json
     import re
-
-    import papermill
 
     from ssd.models import load_pair
 
@@ -61,9 +57,8 @@ def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures
                 (tmp_path / source.name).write_text(json.dumps(result))
         stored[method] = str(tmp_path / f"{name}.json")
     out = tmp_path / "executed_07.ipynb"
-    papermill.execute_notebook(str(course / "notebooks" / "07_autotune.ipynb"), str(out), cwd=str(course / "notebooks"),
-                               parameters={"pair_name": "tiny", "measure_missing": False, "stored": stored},
-                               kernel_name="python3", progress_bar=False)
+    execute_notebook(str(course / "notebooks" / "07_autotune.ipynb"), str(out),
+                     parameters={"pair_name": "tiny", "measure_missing": False, "stored": stored})
     printed = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
     assert "measured here" not in printed and "not on tiny" not in printed
     for s in ("humaneval", "prose"):
