@@ -253,8 +253,11 @@ class Pipeline:
             # slowed each other more than the drafter's short pass costs when it follows.)
             with pinned(self.prefill_cores):
                 watch.prefill(traces, prompts, verifier.target)
+            # Then the drafter's own prompt pass and first drafts, while this rank waits for them: they take both
+            # ranks' cores in turn (where the verifier's are idle and this machine's: prefill_cores).
             verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
-                          watch, same_host=self.drafter.host == socket.gethostname())
+                          watch, same_host=self.drafter.host == socket.gethostname(),
+                          prefill_cores=tuple(self.prefill_cores) if self.prefill_cores != self.verifier_cores else ())
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager

@@ -23,11 +23,13 @@ to about half the difference between the two directions' transit times.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
 
+from .cores import pinned
 from .decoding import Verifier
 from .proposers import Draft
 from .sampling import one_hot, uniforms
@@ -63,6 +65,9 @@ class Start:
     vocab_size: int
     timeout_s: float
     sent_s: float  # the verifier's clock (time.perf_counter) as it sent this
+    # The cores the drafter's prompt pass and first drafts may take: the verifier's too where they are this machine's,
+    # since it waits idle for those drafts (empty: the drafter's own).
+    prefill_cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,12 +142,14 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
     generator = torch.Generator()
     generator.set_state(start.generator_state)
     speculator = Speculator(draft_model, start.prompts, config, start.vocab_size)
-    # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first draft): an
-    # int8 draft quantizes each forward's activations with one scale, so the same drafts need the same forwards.
-    speculator.model.prefill(dict(enumerate(start.prompts)))
     live = list(range(len(start.prompts)))
-    first = tuple(speculator.k(row) for row in live)
-    drafts = speculator.propose(dict(enumerate(start.rooms)), {row: uniforms(first[row], generator) for row in live})
+    with pinned(list(start.prefill_cores)) if start.prefill_cores else contextlib.nullcontext():
+        # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first draft):
+        # an int8 draft quantizes each forward's activations with one scale, so the same drafts need the same forwards.
+        speculator.model.prefill(dict(enumerate(start.prompts)))
+        first = tuple(speculator.k(row) for row in live)
+        u_first = {row: uniforms(first[row], generator) for row in live}
+        drafts = speculator.propose(dict(enumerate(start.rooms)), u_first)
     watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
     while True:
         k_next = {row: speculator.k(row) for row in live}
@@ -192,12 +199,13 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
-                  vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool) -> None:
+                  vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
+                  prefill_cores: tuple[int, ...] = ()) -> None:
     """Rank 0's side of one generate call, the prompts already in the target's cache: start the drafter, then verify
     the drafts it sends until every row is done, recording each row's rounds in its trace and both ranks' spans in
-    the call's stopwatch (same_host: the drafter reads this host's clock)."""
+    the call's stopwatch (same_host: the drafter reads this host's clock; prefill_cores: Start's)."""
     start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
-                  vocab_size, timeout_s, time.perf_counter())
+                  vocab_size, timeout_s, time.perf_counter(), tuple(prefill_cores))
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
     offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())

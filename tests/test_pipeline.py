@@ -173,6 +173,25 @@ def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
 
 
+def test_the_drafters_prompt_pass_may_take_the_idle_verifiers_cores_too(pair, monkeypatch):
+    """The verifier waits idle for the first drafts: a local drafter on a core of its own is offered both ranks'
+    cores for its prompt pass and first drafts (the Start message), and the tokens stay the same."""
+    cfg = config(k=3, max_new_tokens=8, budget=4)
+    pipeline = pipeline_for(pair, cfg)
+    sent, send = [], pipeline.channel.send
+
+    def recording(message, *args, **kwargs):
+        sent.append(message)
+        return send(message, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.channel, "send", recording)
+    tokens, trace = pipeline.generate([1, 2, 3], cfg, torch.Generator().manual_seed(0))
+    start = next(m for m in sent if type(m).__name__ == "Start")
+    both = tuple(sorted({int(VERIFIER), int(DRAFTER)}))
+    assert start.prefill_cores == (both if len(both) > 1 else ())
+    assert tokens == generate_ar(pair, [1, 2, 3], cfg, torch.Generator())[0]
+
+
 def test_bench_summary_of_the_pipeline_has_hit_rate_and_theorem_7(pair):
     cfg = config(k=4, temperature=1.0, max_new_tokens=30, budget=8)
     rows, frames = [], []
