@@ -35,15 +35,14 @@ class IpcKernelManager(KernelManager):
         return os.path.join(tempfile.gettempdir(), f"kernel-{self.kernel_id or os.getpid()}-ipc")
 
 
-def execute_notebook(path: str, out: str, parameters: dict | None = None, cwd: str | None = None,
-                     progress_bar: bool = False) -> None:
+def execute_notebook(path: str, out: str, parameters: dict | None = None, cwd: str | None = None) -> None:
     """papermill.execute_notebook on the python3 kernel over Unix sockets; the kernel runs in `cwd` (by default the
     notebook's folder, as in JupyterLab and nbval, so a notebook's ../data paths agree)."""
     import papermill  # a second or so to import: `python -m ssd` should not pay for it on every command
 
     cwd = cwd or os.path.dirname(os.path.abspath(path))
     papermill.execute_notebook(path, out, parameters=parameters or {}, cwd=cwd, kernel_name="python3",
-                               progress_bar=progress_bar, kernel_manager_class=IpcKernelManager)
+                               progress_bar=False, kernel_manager_class=IpcKernelManager)
 
 
 def main(argv: list[str] | None = None) -> None:
