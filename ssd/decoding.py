@@ -142,7 +142,7 @@ def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator)
     traces, watch = batch_traces("ar", tokens), Stopwatch()
     # No pass of its own for the prompts: the first step feeds them, as transformers' generate does (one forward
     # fewer); that first round counts as the prompts' pass in decode tokens/s.
-    with watch.whole(*traces, fused=True):
+    with watch.whole(*traces):
         while live:
             with watch("verify_s"):
                 logits = target.logits({row: tokens[row] for row in live}, keep=1)  # {row: [1, V]}
@@ -239,7 +239,7 @@ def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator)
     traces, watch = batch_traces("sd", prompts), Stopwatch()
     # The prompts go in with the first round: the draft's first step and the target's first verify pass feed them
     # (one forward fewer per model, as transformers' assisted generation does).
-    with watch.whole(*traces, fused=True):
+    with watch.whole(*traces):
         while verifier.live:
             ks = {row: verifier.draft_len(tuners[row].k, row) for row in verifier.live}
             with watch("draft_s"):

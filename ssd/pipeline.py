@@ -183,8 +183,9 @@ class Pipeline:
         draft_device = resolve_device(draft_device, "draft_device") if rank is None else torch.device(draft_device)
         backend = "nccl" if self.device.type == "cuda" and draft_device.type == "cuda" else "gloo"
         self.process = self.store = self.channel = None
-        # A drafter spawned on this machine's CPU is idle during the prompt's pass: that pass takes both ranks' cores.
-        # A drafter on a GPU or another host leaves the verifier its own cores only.
+        # A drafter spawned on this machine's CPU shares its cores with the verifier: each rank's first work (the
+        # drafter's prompts' pass, first drafts and first pre-speculation; then the verifier's prompts' pass with its
+        # first verification) takes both ranks' cores in turn. A drafter on a GPU or another host overlaps them.
         local = rank is None and draft_device.type == "cpu"
         self.prefill_cores = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))
                                     if local else self.verifier_cores)
@@ -248,13 +249,10 @@ class Pipeline:
         verifier = Verifier(self.pair.target, prompts, config, self.pair.eos_token_ids)
         traces, watch = batch_traces("ssd-pipeline", prompts), Stopwatch()
         with self._end_both_on_error(), pinned(self.verifier_cores), watch.whole(*traces):
-            # The prompt's pass is the longest of a call and the drafter has nothing to do yet: it takes the drafter's
-            # cores too where they are this machine's. (Run side by side with the drafter's own prompt pass, the two
-            # slowed each other more than the drafter's short pass costs when it follows.)
-            with pinned(self.prefill_cores):
-                watch.prefill(traces, prompts, verifier.target)
-            # Then the drafter's own prompt pass and first drafts, while this rank waits for them: they take both
-            # ranks' cores in turn (where the verifier's are idle and this machine's: prefill_cores).
+            # The target's prompts go in with round 0's verify pass (one forward fewer, as in SD). On one machine the
+            # two ranks take both their cores in turn for their first work: the drafter's prompts' pass, first drafts
+            # and round 0's pre-speculation, then that verify pass (run side by side, each on its own core, the long
+            # prompt passes slowed each other more than taking turns costs).
             verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
                           watch, same_host=self.drafter.host == socket.gethostname(),
                           prefill_cores=tuple(self.prefill_cores) if self.prefill_cores != self.verifier_cores else ())

@@ -65,8 +65,9 @@ class Start:
     vocab_size: int
     timeout_s: float
     sent_s: float  # the verifier's clock (time.perf_counter) as it sent this
-    # The cores the drafter's prompt pass and first drafts may take: the verifier's too where they are this machine's,
-    # since it waits idle for those drafts (empty: the drafter's own).
+    # The cores that the drafter's prompt pass, first drafts and round 0's pre-speculation take, and then the
+    # verifier's round 0 (which feeds the target its prompts): both ranks', where they are this machine's, since each
+    # rank waits idle for the other's first work (empty: each rank its own, overlapping as in every later round).
     prefill_cores: tuple[int, ...] = ()
 
 
@@ -143,27 +144,41 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
     generator.set_state(start.generator_state)
     speculator = Speculator(draft_model, start.prompts, config, start.vocab_size)
     live = list(range(len(start.prompts)))
-    with pinned(list(start.prefill_cores)) if start.prefill_cores else contextlib.nullcontext():
+    watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
+
+    def plan(drafts):
+        """What a round's message and pre-speculation need: each row's next K, the draft uniforms of that next round
+        (the verify ones are rank 0's share of each row's pair), the a_p and r its fan-out uses."""
+        k_next = {row: speculator.k(row) for row in live}
+        u_draft = {row: round_uniforms(generator, k_next[row], len(drafts[row].tokens))[0] for row in live}
+        return k_next, u_draft, {row: speculator.estimates(row) for row in live}
+
+    # The verifier feeds its prompts with round 0's verify pass, on start.prefill_cores where it names them (the
+    # drafter's too: this rank has nothing to do then). So on such shared cores this rank makes its prompts' pass,
+    # its first drafts and round 0's pre-speculation before that verify pass, on both ranks' cores; with cores or a
+    # device of its own it pre-speculates round 0 while round 0 is verified, like every later round.
+    early = bool(start.prefill_cores)
+    with pinned(list(start.prefill_cores)) if early else contextlib.nullcontext():
         # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first draft):
         # an int8 draft quantizes each forward's activations with one scale, so the same drafts need the same forwards.
         speculator.model.prefill(dict(enumerate(start.prompts)))
         first = tuple(speculator.k(row) for row in live)
         u_first = {row: uniforms(first[row], generator) for row in live}
         drafts = speculator.propose(dict(enumerate(start.rooms)), u_first)
-    watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
+        k_next, u_draft, estimates = plan(drafts)
+        if early:
+            with watch("prespec_s"):
+                speculator.prespeculate(u_draft)
     while True:
-        k_next = {row: speculator.k(row) for row in live}
-        # the verify uniforms are rank 0's share of each row's pair
-        u_draft = {row: round_uniforms(generator, k_next[row], len(drafts[row].tokens))[0] for row in live}
-        estimates = {row: speculator.estimates(row) for row in live}
         q = torch.cat([drafts[row].q for row in live]) if config.temperature > 0 else None  # T = 0: one-hot
         message = DraftMessage({row: drafts[row].tokens for row in live}, first if i == 0 else (), k_next,
                                {row: drafts[row].fan_out for row in live}, {row: e[0] for row, e in estimates.items()},
                                {row: e[1] for row, e in estimates.items()}, previous,
                                (received_s, time.perf_counter()) if i == 0 else ())
         channel.send(message, q, timeout_s=timeout_s, doing=f"sending the drafts of round {i}")
-        with watch("prespec_s"):
-            speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's drafts
+        if not (early and i == 0):
+            with watch("prespec_s"):
+                speculator.prespeculate(u_draft)  # meanwhile the verifier verifies this round's drafts
         outcome, _ = channel.recv(Outcome, timeout_s=timeout_s, doing=f"waiting for the outcomes of round {i}")
         with watch("draft_s"):
             for row in live:
@@ -180,6 +195,7 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
             channel.send(LastReports(previous), timeout_s=timeout_s, doing="sending the last reports")
             return
         drafts, live, i = following, going, i + 1
+        k_next, u_draft, estimates = plan(drafts)
 
 
 def report(lookup: Lookup, following: Draft | None, spans: tuple[Span, ...], *, prespec_s: float, draft_s: float
@@ -201,9 +217,10 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
                   vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
                   prefill_cores: tuple[int, ...] = ()) -> None:
-    """Rank 0's side of one generate call, the prompts already in the target's cache: start the drafter, then verify
-    the drafts it sends until every row is done, recording each row's rounds in its trace and both ranks' spans in
-    the call's stopwatch (same_host: the drafter reads this host's clock; prefill_cores: Start's)."""
+    """Rank 0's side of one generate call: start the drafter, then verify the drafts it sends until every row is
+    done, recording each row's rounds in its trace and both ranks' spans in the call's stopwatch (same_host: the
+    drafter reads this host's clock). Round 0's verify pass also feeds the target its prompts; it runs on
+    prefill_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome)."""
     start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
                   vocab_size, timeout_s, time.perf_counter(), tuple(prefill_cores))
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
@@ -218,7 +235,7 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
         for row in live:  # each row's pair, in generate_ssd's order: K for its next draft (rank 1's), then verify
             uniforms(message.drawn[row], generator)
             u_verify[row] = uniforms(len(message.tokens[row]) + 1, generator)
-        with watch("verify_s"):
+        with pinned(list(prefill_cores)) if i == 0 and prefill_cores else contextlib.nullcontext(), watch("verify_s"):
             checked = verifier.check(received_drafts(message, q, live, vocab_size, verifier.target.device), u_verify)
         with watch("wait_s"):  # idle until the next drafts: max(0, prespec - verify) after hits, more after a miss
             outcome = Outcome({row: c.verdict for row, c in checked.items()},

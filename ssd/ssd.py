@@ -299,8 +299,11 @@ def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
     speculator = Speculator(pair.draft, prompts, config, pair.vocab_size)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
     traces, watch = batch_traces("ssd", prompts), Stopwatch()
+    # The target's prompts go in with the first verify pass (one target forward fewer, as in SD), the draft's in a pass
+    # of their own before the first drafts: the pipeline's drafter makes the same forwards (an int8 draft quantizes
+    # each forward's activations with one scale, so the same drafts need the same forwards).
     with watch.whole(*traces):
-        watch.prefill(traces, prompts, verifier.target, speculator.model)
+        speculator.model.prefill(dict(enumerate(prompts)))
         drafts = speculator.propose({row: verifier.room(row) for row in verifier.live},
                                     {row: uniforms(speculator.k(row), generator) for row in verifier.live})
         while verifier.live:

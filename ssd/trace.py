@@ -60,16 +60,17 @@ class PipelineRound(SSDRound):
 
 
 # The lane of a timeline each phase runs in: the target's (the pipeline's verifier, rank 0) or the draft's (its
-# drafter, rank 1). The prompts' pass of a one-process method feeds both models; it is drawn on the target's lane.
+# drafter, rank 1). "prefill_s", the prompts' pass apart from the rounds, is found only in traces stored before every
+# method fed its prompts with the first round; it fed both models and is drawn on the target's lane.
 LANES = {"prefill_s": "target", "verify_s": "target", "wait_s": "target", "draft_s": "draft", "prespec_s": "draft"}
 
 
 @dataclass(frozen=True)
 class Span:
-    """One timed block of a generate call: a phase (a Round's time field, or "prefill_s" for the prompts' pass) of
-    a round (None: before the first), from start_s to end_s in seconds since the call began, on this host's
-    monotonic clock (time.perf_counter: one clock for every process of a host, so both ranks of a local pipeline
-    share it)."""
+    """One timed block of a generate call: a phase (a Round's time field, or in older traces "prefill_s" for the
+    prompts' pass) of a round (None: before the first, in those traces), from start_s to end_s in seconds since the
+    call began, on this host's monotonic clock (time.perf_counter: one clock for every process of a host, so both
+    ranks of a local pipeline share it)."""
 
     round: int | None
     phase: str
@@ -85,9 +86,9 @@ class Trace:
     prompt_len: int
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0  # whole call, prompt processing included
-    # Of which the prompt's pass: apart, before the first round; or fused with the first round (one target forward
-    # over the prompt and the first step or draft, as transformers' generate makes it), whose time and tokens then
-    # count as the prompt's. None: not measured.
+    # Of which the prompt's pass: fused with the first round (one target forward over the prompt and the first step
+    # or draft, as transformers' generate makes it), whose time and tokens then count as the prompt's; in traces
+    # stored before every method fused it, apart, before the first round. None: not measured.
     prefill_s: float | None = None
     prefill_tokens: int = 0  # new tokens out by the end of prefill_s (fused: the first round's; apart: none)
     # The sequences decoded together with this one (1: alone). A batch's rows share every forward, so each row's
@@ -215,7 +216,7 @@ class Stopwatch:
         self.seconds: dict[str, float] = {}
         self.spans: list[Span] = []
         self.origin = time.perf_counter() if origin is None else origin
-        self.round: int | None = 0
+        self.round = 0
 
     def __call__(self, phase: str):
         """Add the time of the block to `phase`, and keep when it ran."""
@@ -228,7 +229,7 @@ class Stopwatch:
     def take(self) -> dict[str, float]:
         """The times since the last take, by phase, and start afresh: the next blocks belong to the next round."""
         taken, self.seconds = self.seconds, {}
-        self.round = (self.round or 0) + 1
+        self.round += 1
         return taken
 
     def spans_of(self, round_: int) -> tuple[Span, ...]:
@@ -240,35 +241,21 @@ class Stopwatch:
         shift = offset_s + self.origin
         self.spans += [Span(round_, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
 
-    def whole(self, *traces: Trace, fused: bool = False):
+    def whole(self, *traces: Trace):
         """Time a whole generate call into each trace's wall_s, and give each the call's spans (a batch's rows share
-        them); the call's clock starts here. fused: the first round's forwards also fed the prompts (no prefill()),
-        so the first round counts as the prompt's pass: each trace's prefill_s ends with it, and its tokens are the
-        trace's prefill_tokens."""
+        them); the call's clock starts here. Every method feeds the target its prompts with the first round's verify
+        pass (one target forward fewer, as transformers' generate makes it), so the first round counts as the
+        prompts' pass: each trace's prefill_s ends with that pass, and the round's tokens are its prefill_tokens."""
         self.origin, self.spans, self.round = time.perf_counter(), [], 0
 
         def record(start: float, end: float) -> None:
-            first = [s.end_s for s in self.spans if s.round == 0]
+            first = [s.end_s for s in self.spans if s.round == 0 and s.phase == "verify_s"]
             for trace in traces:
                 trace.wall_s, trace.spans = end - start, list(self.spans)
-                if fused and first and trace.rounds:
+                if first and trace.rounds:
                     trace.prefill_s, trace.prefill_tokens = max(first), trace.rounds[0].new_tokens
 
         return _timed(record)
-
-    def prefill(self, traces, prompts, *models) -> None:
-        """The prompts' pass of each model (``CachedModel.prefill``, one forward over the batch), timed apart from
-        the rounds: each trace's prefill_s (and a span of round None). traces: a Trace or a batch's list; prompts:
-        one prompt or a list."""
-        traces = [traces] if isinstance(traces, Trace) else traces
-        prompts = [prompts] if prompts and isinstance(prompts[0], int) else prompts
-        self.round = None
-        with self("prefill_s"):
-            for model in models:
-                model.prefill(dict(enumerate(prompts)))
-        seconds, self.round = self.seconds.pop("prefill_s"), 0
-        for trace in traces:
-            trace.prefill_s = seconds
 
 
 @contextlib.contextmanager
