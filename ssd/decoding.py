@@ -163,8 +163,20 @@ def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator)
 
 def _step(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator) -> tuple[int, list[float]]:
     """AR's token from one row's logits [V], and the top two logits (how close a call the greedy token was)."""
-    token = sample(probs_from_logits(logits, config.temperature), generator, greedy=config.temperature == 0)
+    if config.temperature == 0:
+        uniforms(1, generator)  # the generator advances as in sampling: the stream does not depend on T
+        return _greedy_step(logits)
+    token = sample(probs_from_logits(logits, config.temperature), generator)
     return token, logits.topk(min(2, logits.shape[-1])).values.tolist()
+
+
+def _greedy_step(logits: torch.Tensor) -> tuple[int, list[float]]:
+    """The argmax (the first of equal maxima, as the one-hot draw of the sampling path gives it) and the top two
+    logits, in two passes over the vocabulary: that path's one-hot, draw and top-k took 0.58 ms a step against 0.16
+    (152k logits, one thread), a third of AR's time outside its forwards per step."""
+    top, token = logits.max(-1)
+    others = [part.max() for part in (logits[: int(token)], logits[int(token) + 1 :]) if len(part)]
+    return int(token), [float(top), float(max(others)) if others else float(top)]
 
 
 def batch_traces(method: str, prompts: list[list[int]]) -> list[Trace]:

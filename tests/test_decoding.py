@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.decoding import DecodeConfig, _greedy_step, generate_ar, generate_sd
 from ssd.models import tiny_pair
 
 from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
@@ -35,6 +35,14 @@ def test_greedy_sd_is_token_identical_to_the_target_alone(pairs, k, noise):
         assert tokens == reference
         assert trace.new_tokens == len(tokens) == 40
         assert all(r.draft_len <= k for r in trace.rounds)
+
+
+@pytest.mark.parametrize("logits", [[0.5, 3.0, -1.0, 2.0], [3.0, 1.0, 3.0], [1.0, 2.0, 9.0], [9.0, 1.0], [4.0],
+                                    [2.0, 2.0, 2.0]])
+def test_the_greedy_step_is_the_first_argmax_with_the_top_two_logits(logits):
+    logits = torch.tensor(logits)
+    values = logits.topk(min(2, len(logits))).values.tolist()
+    assert _greedy_step(logits) == (int(logits.argmax()), values[:1] + values[-1:])
 
 
 def test_acceptance_follows_how_close_the_draft_is(pairs):
