@@ -81,7 +81,9 @@ class Report:
     hit: bool
     rank: int | None
     backup: str | None  # the backup that drafted the row's next round after a miss
-    spans: tuple[Span, ...] = ()  # when the drafter pre-speculated and drafted, on its own clock
+    # When the drafter pre-speculated and drafted, on its own clock (round 0's: also its prompts' pass and first
+    # drafts, a span of round None)
+    spans: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,12 +161,14 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
     # device of its own it pre-speculates round 0 while round 0 is verified, like every later round.
     early = bool(start.prefill_cores)
     with pinned(list(start.prefill_cores)) if early else contextlib.nullcontext():
-        # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first draft):
-        # an int8 draft quantizes each forward's activations with one scale, so the same drafts need the same forwards.
-        speculator.model.prefill(dict(enumerate(start.prompts)))
-        first = tuple(speculator.k(row) for row in live)
-        u_first = {row: uniforms(first[row], generator) for row in live}
-        drafts = speculator.propose(dict(enumerate(start.rooms)), u_first)
+        with watch.before_rounds("draft_s"):  # sent with round 0's report
+            # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first
+            # draft): an int8 draft quantizes each forward's activations with one scale, so the same drafts need the
+            # same forwards.
+            speculator.model.prefill(dict(enumerate(start.prompts)))
+            first = tuple(speculator.k(row) for row in live)
+            u_first = {row: uniforms(first[row], generator) for row in live}
+            drafts = speculator.propose(dict(enumerate(start.rooms)), u_first)
         k_next, u_draft, estimates = plan(drafts)
         if early:
             with watch("prespec_s"):
@@ -186,7 +190,7 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
             going = [row for row in live if not outcome.done[row]]
             following = speculator.propose({row: outcome.rooms[row] for row in going},
                                            {row: u_draft[row] for row in going})
-        spans, seconds = watch.spans_of(i), watch.take()
+        spans, seconds = watch.spans_of(i) + (watch.spans_of(None) if i == 0 else ()), watch.take()
         previous = {row: report(speculator.last_lookup(row), following.get(row), spans, **seconds) for row in live}
         for row in live:
             if outcome.done[row]:
@@ -246,7 +250,7 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
             answer, q = channel.recv(LastReports if last else DraftMessage, timeout_s=timeout_s, doing=doing)
         seconds = watch.take()
         spec = answer.previous  # what the drafter did while and after this round was verified
-        watch.add(spec[live[0]].spans, offset_s, i)  # the batch's: every row's report holds the same
+        watch.add(spec[live[0]].spans, offset_s)  # the batch's: every row's report holds the same
         all_hit = all(spec[row].hit for row in live if not checked[row].done)  # as generate_ssd's
         for row in live:
             v, fan_out = checked[row].verdict, message.fan_out[row]

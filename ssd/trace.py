@@ -68,7 +68,7 @@ LANES = {"prefill_s": "target", "verify_s": "target", "wait_s": "target", "draft
 @dataclass(frozen=True)
 class Span:
     """One timed block of a generate call: a phase (a Round's time field, or in older traces "prefill_s" for the
-    prompts' pass) of a round (None: before the first, in those traces), from start_s to end_s in seconds since the
+    prompts' pass) of a round (None: before the first: the pipeline drafter's first drafts), from start_s to end_s in seconds since the
     call began, on this host's monotonic clock (time.perf_counter: one clock for every process of a host, so both
     ranks of a local pipeline share it)."""
 
@@ -232,14 +232,20 @@ class Stopwatch:
         self.round += 1
         return taken
 
-    def spans_of(self, round_: int) -> tuple[Span, ...]:
+    def before_rounds(self, phase: str):
+        """Time a block that comes before the first round and belongs to none (the pipeline drafter's prompt pass and
+        first drafts): a span of round None, in no round's times."""
+        return _timed(lambda start, end: self.spans.append(Span(None, phase, start - self.origin, end - self.origin)))
+
+    def spans_of(self, round_: int | None) -> tuple[Span, ...]:
         return tuple(s for s in self.spans if s.round == round_)
 
-    def add(self, spans, offset_s: float, round_: int) -> None:
-        """Keep another rank's spans of round `round_` (timed with origin 0.0 on its clock), shifted onto this one:
-        offset_s is its clock minus this one (0 on one host; see ssd.protocol.clock_offset across hosts)."""
+    def add(self, spans, offset_s: float) -> None:
+        """Keep another rank's spans (timed with origin 0.0 on its clock, its rounds numbered as this one's), shifted
+        onto this one: offset_s is its clock minus this one (0 on one host; see ssd.protocol.clock_offset across
+        hosts)."""
         shift = offset_s + self.origin
-        self.spans += [Span(round_, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
+        self.spans += [Span(s.round, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
 
     def whole(self, *traces: Trace):
         """Time a whole generate call into each trace's wall_s, and give each the call's spans (a batch's rows share
