@@ -29,8 +29,9 @@ RUN_COLUMNS = ["tokens_per_s", "decode_tokens_per_s", "sequence_tokens_per_s", "
                "t_p", "t_b", "verify_s", "tokens_per_verify", "identical_to_target", "identical_share",
                "differences_at_near_ties"]
 # How a call's rounds went (``call_rounds``; ``round_account`` reads them): its rounds, the share of row-rounds still
-# live, and the verifier's time in its verify steps and waiting for drafts
-ROUND_COLUMNS = ["rounds", "live_share", "verify_s", "wait_s"]
+# live, the verifier's time in its verify steps and waiting for drafts, and whether those verify steps hold the
+# prompts' pass (its first round fed them)
+ROUND_COLUMNS = ["rounds", "live_share", "verify_s", "wait_s", "prompts_in_verify"]
 CALL_COLUMNS = ["method", "batch_size", "call", "answers", "new_tokens", "wall_s", "tokens_per_s",
                 "sequence_tokens_per_s", "decode_tokens_per_s", "identical_to_target", "identical_share",
                 "differences_at_near_ties",
@@ -67,8 +68,9 @@ def call_rounds(rows: pd.DataFrame, spans: list[dict] | None) -> pd.DataFrame:
     live share (its rows' rounds over answers x rounds: below 1 where rows finished early and later rounds ran with
     fewer, which a prediction for a full batch of b does not price) and, from the call's spans (the batch's, the same
     on each of its rows: its first row's are read), the seconds of its verify steps and of its waits for drafts
-    (the pipeline's verifier; 0 for a method that never waits). AR's and SD's first round feeds the prompts, so
-    their verify time holds the prompts' pass; the pipeline's verifier passes the prompts before its first round."""
+    (the pipeline's verifier; 0 for a method that never waits), and prompts_in_verify: whether the verify time
+    holds the prompts' pass (its first round fed them, as every method's does since 99b94aa; before it the pipeline's
+    verifier made a pass of its own for them, a "prefill_s" span)."""
     by_call = rows.groupby(["method", "call"], sort=False)
     out = by_call.agg(rounds=("rounds", "max"), row_rounds=("rounds", "sum"), answers=("rounds", "size"),
                       first=("prompt_id", "first")).reset_index()
@@ -80,9 +82,11 @@ def call_rounds(rows: pd.DataFrame, spans: list[dict] | None) -> pd.DataFrame:
         frame = frame[frame["prompt_id"] == frame["first"]]
     out = out.drop(columns="first")
     if "call" not in frame or frame.empty:  # a bench from before its spans named their call, or none kept
-        return out.assign(verify_s=float("nan"), wait_s=float("nan"))
+        return out.assign(verify_s=float("nan"), wait_s=float("nan"), prompts_in_verify=None)
     seconds = (frame["end_s"] - frame["start_s"]).groupby([frame["method"], frame["call"], frame["phase"]]).sum()
     phases = seconds.unstack("phase").reindex(columns=["verify_s", "wait_s"])
+    apart = frame["phase"].eq("prefill_s").groupby([frame["method"], frame["call"]]).any()
+    phases["prompts_in_verify"] = ~apart
     out = out.merge(phases.reset_index(), on=["method", "call"], how="left")
     out.loc[out["verify_s"].notna(), "wait_s"] = out["wait_s"].fillna(0.0)  # timed passes, never a wait: 0
     return out
@@ -184,8 +188,8 @@ def round_account(table: pd.DataFrame) -> pd.DataFrame:
     """Per (prompts, label, batch_size) of the pipeline, the mean round of its calls in ms as the verifier spent it,
     beside the round its prediction prices.
 
-    Measured (each call's time after its first target forward, the prompts' pass, over its rounds): the target's
-    forward, the rest of the verify step (the host's check: accept/reject, the caches), the wait for the next drafts,
+    Measured (each call's time after its first target forward, the prompts' pass, over its rounds; that pass left
+    out of the verify steps where round 0 fed the prompts): the target's forward, the rest of the verify step (the host's check: accept/reject, the caches), the wait for the next drafts,
     and the rest (between rounds, and before the first: the drafter's own prompt pass and first drafts). Predicted:
     the profile's verify pass at b times max(1, T_p) + (1 - all_hit) T_b (``theory.pipelined_speedup``), of which
     the wait is all but one pass. With the live share (``call_rounds``) this accounts for measured over predicted
@@ -196,8 +200,12 @@ def round_account(table: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in ROUND_COLUMNS if c not in table]
     timed = table.reindex(columns=[*table.columns, *missing]).dropna(subset=["verify_s"])
     timed = timed[timed["label"].str.startswith("ssd-pipeline")]
+    # After the prompts' pass: where round 0's verify step fed the prompts, that pass leaves its verify time too (a
+    # table from before prompts_in_verify holds pipeline calls whose verifier passed the prompts apart)
+    fused = timed["prompts_in_verify"].astype("boolean").fillna(False).astype(bool)
     timed = timed.assign(decode_s=timed["wall_s"] - timed["first_target_forward_s"],
                          forwards_s=timed["target_forward_s"] - timed["first_target_forward_s"],
+                         verify_s=timed["verify_s"] - timed["first_target_forward_s"].where(fused, 0.0),
                          row_rounds=timed["live_share"] * timed["answers"] * timed["rounds"],
                          all_rounds=timed["answers"] * timed["rounds"])
     g = timed.groupby(keys, sort=False)

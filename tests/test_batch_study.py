@@ -132,6 +132,9 @@ def test_a_calls_rounds_and_verifier_time_come_from_its_first_rows_spans():
     got = batch_study.call_rounds(rows, spans).set_index("call")
     assert got["rounds"].to_dict() == {0: 10, 2: 4} and got["live_share"].to_dict() == {0: 0.8, 2: 1.0}
     assert got["verify_s"].to_dict() == {0: 5.0, 2: 2.0} and got["wait_s"].to_dict() == {0: 2.5, 2: 1.0}
+    assert got["prompts_in_verify"].tolist() == [True, True]  # round 0 fed the prompts: no pass apart
+    apart = [{**spans[0], "round": None, "phase": "prefill_s"}] + spans  # a call whose verifier passed them apart
+    assert batch_study.call_rounds(rows, apart)["prompts_in_verify"].tolist() == [False, True]
     # a bench whose spans name no call (or none kept): the rounds are known, the times are not
     old = batch_study.call_rounds(rows, [{k: v for k, v in s.items() if k != "call"} for s in spans])
     assert old["live_share"].tolist() == [0.8, 1.0] and old[["verify_s", "wait_s"]].isna().all().all()
@@ -159,4 +162,7 @@ def test_a_round_is_accounted_for_and_beside_the_round_its_prediction_prices():
     assert p["predicted_pass_ms"] == 500 and p["predicted_round_ms"] == pytest.approx(500 + p["predicted_wait_ms"])
     assert p["measured_over_predicted"] == 0.6
     assert p["accounted"] == pytest.approx(35 / 40 * p["predicted_round_ms"] / 1000)
-    assert batch_study.round_account(table.drop(columns=batch_study.ROUND_COLUMNS)).empty
+    # where round 0's verify step fed the prompts, their pass (the first target forward) leaves the check's time too
+    fused = batch_study.round_account(table.assign(prompts_in_verify=True, verify_s=9.0)).set_index("label")
+    assert fused.loc[JIT, "check_ms"] == pytest.approx(100) and fused.loc[JIT, "round_ms"] == pytest.approx(1000)
+    assert batch_study.round_account(table.drop(columns=batch_study.ROUND_COLUMNS, errors="ignore")).empty
