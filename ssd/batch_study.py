@@ -189,8 +189,9 @@ def round_account(table: pd.DataFrame) -> pd.DataFrame:
     beside the round its prediction prices.
 
     Measured (each call's time after its first target forward, the prompts' pass, over its rounds; that pass left
-    out of the verify steps where round 0 fed the prompts): the target's forward, the rest of the verify step (the host's check: accept/reject, the caches), the wait for the next drafts,
-    and the rest (between rounds, and before the first: the drafter's own prompt pass and first drafts). Predicted:
+    out of the verify steps where round 0 fed the prompts): the target's forward, the rest of the verify step (the
+    host's check: accept/reject, the caches), the wait for the next drafts, and the rest (between rounds, and before
+    the first: the drafter's own prompt pass and first drafts). Predicted:
     the profile's verify pass at b times max(1, T_p) + (1 - all_hit) T_b (``theory.pipelined_speedup``), of which
     the wait is all but one pass. With the live share (``call_rounds``) this accounts for measured over predicted
     (kept beside it): ``accounted`` = live_share x predicted round / measured round, since a prediction for a full

@@ -68,9 +68,9 @@ LANES = {"prefill_s": "target", "verify_s": "target", "wait_s": "target", "draft
 @dataclass(frozen=True)
 class Span:
     """One timed block of a generate call: a phase (a Round's time field, or in older traces "prefill_s" for the
-    prompts' pass) of a round (None: before the first: the pipeline drafter's first drafts), from start_s to end_s in seconds since the
-    call began, on this host's monotonic clock (time.perf_counter: one clock for every process of a host, so both
-    ranks of a local pipeline share it)."""
+    prompts' pass) of a round (None: before the first, as the pipeline drafter's first drafts), from start_s to
+    end_s in seconds since the call began, on this host's monotonic clock (time.perf_counter: one clock for every
+    process of a host, so both ranks of a local pipeline share it)."""
 
     round: int | None
     phase: str
