@@ -187,7 +187,7 @@ class Pipeline:
         # drafter's prompts' pass, first drafts and first pre-speculation; then the verifier's prompts' pass with its
         # first verification) takes both ranks' cores in turn. A drafter on a GPU or another host overlaps them.
         local = rank is None and draft_device.type == "cpu"
-        self.prefill_cores = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))
+        self.first_cores = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))
                                     if local else self.verifier_cores)
         self.drafter: Ready | None = None  # what rank 1 reported when ready: host, pid, device, cores, threads
         _open.add(self)
@@ -255,7 +255,7 @@ class Pipeline:
             # prompt passes slowed each other more than taking turns costs).
             verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
                           watch, same_host=self.drafter.host == socket.gethostname(),
-                          prefill_cores=tuple(self.prefill_cores) if self.prefill_cores != self.verifier_cores else ())
+                          first_cores=tuple(self.first_cores) if self.first_cores != self.verifier_cores else ())
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager

@@ -68,7 +68,7 @@ class Start:
     # The cores that the drafter's prompt pass, first drafts and round 0's pre-speculation take, and then the
     # verifier's round 0 (which feeds the target its prompts): both ranks', where they are this machine's, since each
     # rank waits idle for the other's first work (empty: each rank its own, overlapping as in every later round).
-    prefill_cores: tuple[int, ...] = ()
+    first_cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,12 +155,12 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
         u_draft = {row: round_uniforms(generator, k_next[row], len(drafts[row].tokens))[0] for row in live}
         return k_next, u_draft, {row: speculator.estimates(row) for row in live}
 
-    # The verifier feeds its prompts with round 0's verify pass, on start.prefill_cores where it names them (the
+    # The verifier feeds its prompts with round 0's verify pass, on start.first_cores where it names them (the
     # drafter's too: this rank has nothing to do then). So on such shared cores this rank makes its prompts' pass,
     # its first drafts and round 0's pre-speculation before that verify pass, on both ranks' cores; with cores or a
     # device of its own it pre-speculates round 0 while round 0 is verified, like every later round.
-    early = bool(start.prefill_cores)
-    with pinned(list(start.prefill_cores)) if early else contextlib.nullcontext():
+    early = bool(start.first_cores)
+    with pinned(list(start.first_cores)) if early else contextlib.nullcontext():
         with watch.before_rounds("draft_s"):  # sent with round 0's report
             # The prompts' pass as generate_ssd makes it (all but each prompt's last token, apart from the first
             # draft): an int8 draft quantizes each forward's activations with one scale, so the same drafts need the
@@ -220,13 +220,13 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
                   vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
-                  prefill_cores: tuple[int, ...] = ()) -> None:
+                  first_cores: tuple[int, ...] = ()) -> None:
     """Rank 0's side of one generate call: start the drafter, then verify the drafts it sends until every row is
     done, recording each row's rounds in its trace and both ranks' spans in the call's stopwatch (same_host: the
     drafter reads this host's clock). Round 0's verify pass also feeds the target its prompts; it runs on
-    prefill_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome)."""
+    first_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome)."""
     start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
-                  vocab_size, timeout_s, time.perf_counter(), tuple(prefill_cores))
+                  vocab_size, timeout_s, time.perf_counter(), tuple(first_cores))
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
     offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())
@@ -239,7 +239,7 @@ def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, gener
         for row in live:  # each row's pair, in generate_ssd's order: K for its next draft (rank 1's), then verify
             uniforms(message.drawn[row], generator)
             u_verify[row] = uniforms(len(message.tokens[row]) + 1, generator)
-        with pinned(list(prefill_cores)) if i == 0 and prefill_cores else contextlib.nullcontext(), watch("verify_s"):
+        with pinned(list(first_cores)) if i == 0 and first_cores else contextlib.nullcontext(), watch("verify_s"):
             checked = verifier.check(received_drafts(message, q, live, vocab_size, verifier.target.device), u_verify)
         with watch("wait_s"):  # idle until the next drafts: max(0, prespec - verify) after hits, more after a miss
             outcome = Outcome({row: c.verdict for row, c in checked.items()},

@@ -197,7 +197,7 @@ def test_the_drafters_prompt_pass_may_take_the_idle_verifiers_cores_too(pair, mo
     tokens, trace = pipeline.generate([1, 2, 3], cfg, torch.Generator().manual_seed(0))
     start = next(m for m in sent if type(m).__name__ == "Start")
     both = tuple(sorted({int(VERIFIER), int(DRAFTER)}))
-    assert start.prefill_cores == (both if len(both) > 1 else ())
+    assert start.first_cores == (both if len(both) > 1 else ())
     assert tokens == generate_ar(pair, [1, 2, 3], cfg, torch.Generator())[0]
 
 
