@@ -224,3 +224,25 @@ def torchrun_main(argv=None) -> int:
     finally:
         close_pipelines()
         stop_unused_torchrun_drafter(device)
+
+
+def execute_main(argv=None) -> int:
+    """A sweep point's process (`python -m ssd.execute`, ssd.sweep): one notebook with its parameters, through papermill
+    on a kernel over Unix sockets (ssd.ipc_kernel). Apart from `python -m ssd`, whose commands load the kit (torch)
+    before they run: a point's own process needs only papermill, and its kernel loads the kit itself."""
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m ssd.execute", description="execute one notebook with papermill "
+                                     "on this environment's python3 kernel, over Unix sockets")
+    parser.add_argument("notebook")
+    parser.add_argument("out", help="the executed copy")
+    parser.add_argument("--parameters", default="{}", help="the parameters as YAML (a mapping)")
+    parser.add_argument("--cwd", help="the kernel's folder (default: the notebook's)")
+    args = parser.parse_args(argv)
+    parameters = yaml.safe_load(args.parameters)
+    if not isinstance(parameters, dict):
+        parser.error(f"--parameters must be a YAML mapping, got {type(parameters).__name__}")
+    from .ipc_kernel import execute_notebook
+
+    execute_notebook(args.notebook, args.out, parameters, args.cwd)
+    return 0

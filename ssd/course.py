@@ -25,7 +25,7 @@ def course_notebooks(notebooks_dir: str = "notebooks") -> list[str]:
 def run_course(notebooks_dir: str = "notebooks", out_dir: str = "runs/course", only: list[str] | None = None) -> dict:
     """Execute the notebooks (those whose names start with one of `only`, if given); returns seconds per notebook.
     Stops at the first failure, raising papermill's error with the path of the failed copy."""
-    from .execute import execute_notebook
+    from .ipc_kernel import execute_notebook
     from .sweep import check_kernel
 
     check_kernel()

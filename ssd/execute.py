@@ -1,62 +1,8 @@
-"""Executing a notebook with papermill on this environment's python3 kernel, over Unix sockets.
+"""A sweep point's process: `python -m ssd.execute NOTEBOOK OUT [--parameters YAML] [--cwd DIR]` runs one notebook
+through papermill on a kernel over Unix sockets (ssd.cli.execute_main, ssd.ipc_kernel). Like __main__ and torchrun, a
+launcher only: the command line stays on top, and nothing imports this."""
+import sys
 
-Over TCP, jupyter_client asks the OS for five free ports, writes them down and closes them; the kernel binds them a
-second or two later, once it has started. Any process that binds a port in that gap (another kernel, the pipeline's
-gloo ranks, a test's server) makes the kernel die with "Address already in use", and the run fails a minute later
-with "Kernel didn't respond in 60 seconds": one CI run of `make test` failed so. A Unix socket is named after the
-kernel's own id, so no other process can take it. The course, every sweep point and the tests run their kernels
-through this module; `python -m ssd.execute` is the sweep's point process.
-"""
-from __future__ import annotations
+from .cli import execute_main
 
-import argparse
-import os
-import tempfile
-
-import yaml
-from jupyter_client.manager import KernelManager
-from traitlets import default
-
-
-class IpcKernelManager(KernelManager):
-    """A kernel whose five sockets are files, not ports: nothing outside it can bind them first."""
-
-    @default("transport")
-    def _transport_default(self) -> str:
-        return "ipc"
-
-    @default("ip")
-    def _ip_default(self) -> str:
-        if self.transport != "ipc":  # set to tcp by whoever made it: localhost, as jupyter_client has it
-            return super()._ip_default()
-        # The sockets are this prefix plus -1 to -5 (removed when the kernel shuts down). Jupyter's default prefix lies
-        # in its runtime folder under $HOME, which can exceed the 107 bytes a socket's path may have; the temporary
-        # folder is short where it matters.
-        return os.path.join(tempfile.gettempdir(), f"kernel-{self.kernel_id or os.getpid()}-ipc")
-
-
-def execute_notebook(path: str, out: str, parameters: dict | None = None, cwd: str | None = None) -> None:
-    """papermill.execute_notebook on the python3 kernel over Unix sockets; the kernel runs in `cwd` (by default the
-    notebook's folder, as in JupyterLab and nbval, so a notebook's ../data paths agree)."""
-    import papermill  # a second or so to import: `python -m ssd` should not pay for it on every command
-
-    cwd = cwd or os.path.dirname(os.path.abspath(path))
-    papermill.execute_notebook(path, out, parameters=parameters or {}, cwd=cwd, kernel_name="python3",
-                               progress_bar=False, kernel_manager_class=IpcKernelManager)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ssd.execute", description=__doc__.splitlines()[0])
-    parser.add_argument("notebook")
-    parser.add_argument("out", help="the executed copy")
-    parser.add_argument("--parameters", default="{}", help="the parameters as YAML (a mapping)")
-    parser.add_argument("--cwd", help="the kernel's folder (default: the notebook's)")
-    args = parser.parse_args(argv)
-    parameters = yaml.safe_load(args.parameters)
-    if not isinstance(parameters, dict):
-        parser.error(f"--parameters must be a YAML mapping, got {type(parameters).__name__}")
-    execute_notebook(args.notebook, args.out, parameters, args.cwd)
-
-
-if __name__ == "__main__":
-    main()
+sys.exit(execute_main())

@@ -212,7 +212,7 @@ class _Run:
         per_point = {"results_csv": self.csv} | ({"figures_dir": f"{stem}_figures"} if figures else {})
         params = yaml.safe_dump(point.parameters | per_point)
         # sys.executable runs papermill, and papermill runs the python3 kernel with its own sys.executable; the kernel
-        # talks over Unix sockets, which a point beside it cannot take (ssd.execute).
+        # talks over Unix sockets, which a point beside it cannot take (ssd.ipc_kernel).
         cmd = [sys.executable, "-m", "ssd.execute", notebook, self.running, "--parameters", params]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -66,8 +66,10 @@ def test_the_pipeline_knows_nothing_of_the_command_line():
 
 
 def test_only_the_launchers_import_the_command_line():
-    # cli is on top: __main__ (python -m ssd) and torchrun (python -m ssd.torchrun) only start it.
-    assert sorted(m for m, deps in graph().items() if "cli" in deps) == ["__main__", "torchrun"]
+    # cli is on top: __main__ (python -m ssd), execute (python -m ssd.execute, a sweep point) and torchrun
+    # (python -m ssd.torchrun) only start it.
+    assert sorted(m for m, deps in graph().items() if "cli" in deps) == ["__main__", "execute", "torchrun"]
+    assert not [m for m, deps in graph().items() if deps & {"__main__", "execute", "torchrun"}]  # nothing imports them
     # and the commands it runs only by the command line, which imports them once its arguments are parsed
     assert [m for m, deps in graph().items() if "commands" in deps] == ["cli"]
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from ssd.course import course_notebooks
-from ssd.execute import execute_notebook
+from ssd.ipc_kernel import execute_notebook
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [os.path.basename(p) for p in course_notebooks(str(ROOT / "notebooks"))]
