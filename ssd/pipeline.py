@@ -186,9 +186,10 @@ class Pipeline:
         # A drafter spawned on this machine's CPU shares its cores with the verifier: each rank's first work (the
         # drafter's prompts' pass, first drafts and first pre-speculation; then the verifier's prompts' pass with its
         # first verification) takes both ranks' cores in turn. A drafter on a GPU or another host overlaps them.
+        # (Empty where there is nothing to share: each rank keeps its own cores.)
         local = rank is None and draft_device.type == "cpu"
-        self.first_cores = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))
-                                    if local else self.verifier_cores)
+        both = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))) if local else []
+        self.first_cores = tuple(both) if len(both) > len(self.verifier_cores) else ()
         self.drafter: Ready | None = None  # what rank 1 reported when ready: host, pid, device, cores, threads
         _open.add(self)
         with self._end_both_on_error():
@@ -255,7 +256,7 @@ class Pipeline:
             # prompt passes slowed each other more than taking turns costs).
             verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
                           watch, same_host=self.drafter.host == socket.gethostname(),
-                          first_cores=tuple(self.first_cores) if self.first_cores != self.verifier_cores else ())
+                          first_cores=self.first_cores)
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager

@@ -148,9 +148,9 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
     live = list(range(len(start.prompts)))
     watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
 
-    def plan(drafts):
-        """What a round's message and pre-speculation need: each row's next K, the draft uniforms of that next round
-        (the verify ones are rank 0's share of each row's pair), the a_p and r its fan-out uses."""
+    def plan(drafts, live):
+        """What a round's message and pre-speculation need, for each live row in turn: its next K, the draft uniforms
+        of that next round (the verify ones are rank 0's share of the row's pair), the a_p and r its fan-out uses."""
         k_next = {row: speculator.k(row) for row in live}
         u_draft = {row: round_uniforms(generator, k_next[row], len(drafts[row].tokens))[0] for row in live}
         return k_next, u_draft, {row: speculator.estimates(row) for row in live}
@@ -169,7 +169,7 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
             first = tuple(speculator.k(row) for row in live)
             u_first = {row: uniforms(first[row], generator) for row in live}
             drafts = speculator.propose(dict(enumerate(start.rooms)), u_first)
-        k_next, u_draft, estimates = plan(drafts)
+        k_next, u_draft, estimates = plan(drafts, live)
         if early:
             with watch("prespec_s"):
                 speculator.prespeculate(u_draft)
@@ -199,7 +199,7 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float) ->
             channel.send(LastReports(previous), timeout_s=timeout_s, doing="sending the last reports")
             return
         drafts, live, i = following, going, i + 1
-        k_next, u_draft, estimates = plan(drafts)
+        k_next, u_draft, estimates = plan(drafts, live)
 
 
 def report(lookup: Lookup, following: Draft | None, spans: tuple[Span, ...], *, prespec_s: float, draft_s: float
