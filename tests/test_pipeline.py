@@ -182,9 +182,10 @@ def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
 
 
-def test_the_drafters_prompt_pass_may_take_the_idle_verifiers_cores_too(pair, monkeypatch):
-    """The verifier waits idle for the first drafts: a local drafter on a core of its own is offered both ranks'
-    cores for its prompt pass and first drafts (the Start message), and the tokens stay the same."""
+def test_the_ranks_first_work_may_take_both_ranks_cores(pair, monkeypatch):
+    """Each rank waits idle for the other's first work: a local drafter on a core of its own is offered both ranks'
+    cores (the Start message) for its prompt pass, first drafts and round 0's pre-speculation, which the verifier's
+    round 0 then takes in turn, and the tokens stay the same."""
     cfg = config(k=3, max_new_tokens=8, budget=4)
     pipeline = pipeline_for(pair, cfg)
     sent, send = [], pipeline.channel.send
