@@ -29,6 +29,8 @@ process decoded with the same draft model and settings left them, only the first
 one answer teach a_p but hardly the miss-rate tables, so a tuner that began every answer from the prior spent its
 first rounds at the prior's (K, B): replaying the recorded rounds of 16 HumanEval prompts, its choices scored 0.95 of
 the best on the set's steady-state surface, carried 0.98, and with the longer memory and heavier prior below 0.998.
+With K and B configured (the backup alone on auto) only the choice of backup reads them; the calibrated fan-out
+reads the answer's own, as a fixed backup's run does (``ssd.ssd.Speculator._estimates``).
 SD's tuner reads a_p alone, which an answer's own rounds teach: it starts every answer from the prior. At temperature
 0 the tokens are the target's either way; at T > 0 a seed gives the same output for the same sequence of calls in a
 fresh process (``forget_estimates`` starts the sequence again).

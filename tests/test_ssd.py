@@ -233,16 +233,21 @@ def backups_used(trace) -> set:
     return {r.backup for r in trace.rounds if r.backup is not None}
 
 
+@pytest.mark.parametrize("strategy", ["uniform", "calibrated"])
 @pytest.mark.parametrize("draft_ms, same_as", [(0.001, "jit"), (1000.0, "fast")])
-def test_auto_runs_exactly_the_backup_the_latencies_favour(pair, draft_ms, same_as):
+def test_auto_runs_exactly_the_backup_the_latencies_favour(pair, draft_ms, same_as, strategy):
     """A nearly free draft model: every miss is backed by it (jit); a dear one: by the n-gram (fast). Each run is then
-    the fixed backup's, token for token and hit for hit (the uniform fan-out ignores the estimates auto keeps)."""
+    the fixed backup's, token for token, hit for hit and fan-out for fan-out: the calibrated fan-out reads the run's
+    own estimates, as the fixed backup's does, not the ones auto carries over answers for its choice (a first answer
+    warms those, so the second would differ if the fan-out read them)."""
     forget_estimates()
-    common = dict(k=3, budget=4, temperature=1.0, max_new_tokens=40)
+    common = dict(k=3, budget=4, temperature=1.0, max_new_tokens=40, fan_out_strategy=strategy)
+    run(generate_ssd, pair, [6, 5, 4], seed=1, backup="auto", latencies=Flat(draft_ms), **common)
     auto_tokens, auto = run(generate_ssd, pair, [5, 6, 7], seed=3, backup="auto", latencies=Flat(draft_ms), **common)
     tokens, fixed = run(generate_ssd, pair, [5, 6, 7], seed=3, backup=same_as, **common)
     assert backups_used(auto) == {same_as} == backups_used(fixed)
     assert auto_tokens == tokens and [r.hit for r in auto.rounds] == [r.hit for r in fixed.rounds]
+    assert [r.fan_out for r in auto.rounds] == [r.fan_out for r in fixed.rounds]
 
 
 def test_every_miss_scores_what_the_fast_backup_would_have_kept(pair):
