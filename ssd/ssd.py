@@ -137,6 +137,7 @@ class Speculation:
         self.rank_rows = None  # [K + 1, V] draft logits ranking the candidates of the round being verified
         self.last_lookup: Lookup | None = None  # what the cache made of the last outcome
         self.fast_pending: list[tuple[int, list[int]]] = []  # (where, the n-gram proposal there) per miss, unscored
+        self.undecided = False  # observed a round the tuner has not yet decided after
 
     def next_fan_out(self, k: int) -> tuple[int, ...]:
         """F_0..F_K of a round of K drafted tokens, from the strategy, the tuner's B and, calibrated, the estimates."""
@@ -162,9 +163,17 @@ class Speculation:
             rank = rank_of(t_star, self.rank_rows[k], excluded) if t_star != excluded else None
         for estimates in self.learners:
             estimates.update(k, verdict.draft_len, rank, model_drafted=self.block.source != "ngram")
-        self.tuner.step()
+        self.undecided = True
         self.found = self.cache.lookup(verdict.outcome) if self.predicted() else None
         self.last_lookup = Lookup(hit=self.found is not None, rank=rank)
+
+    def decide(self) -> None:
+        """The tuner's turn after an observed round. ``Speculator.propose`` calls it once every row's outcome is in:
+        rows that share estimates (on auto) then make the same choice, and a round never backs one row's miss with
+        the n-gram while it waits for another's jit draft anyway."""
+        if self.undecided:
+            self.tuner.step()
+            self.undecided = False
 
     @property
     def backup(self) -> str:
@@ -245,6 +254,8 @@ class Speculator(Proposer):
     def propose(self, rooms: dict[int, int], us: dict[int, torch.Tensor]) -> dict[int, Draft]:
         """Each row's next draft, cut to rooms[row] tokens: the cached one after a hit, else its backup's, drafted
         with us[row] ([K] uniforms); the rows that missed are drafted together, by backup."""
+        for row in rooms:  # every row's outcome of the round is in (observe): the tuners decide on them all
+            self.sequences[row].decide()
         missed = [row for row in rooms if self.sequences[row].found is None]
         backed = {}
         for row in missed:

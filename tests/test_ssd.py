@@ -250,6 +250,20 @@ def test_auto_runs_exactly_the_backup_the_latencies_favour(pair, draft_ms, same_
     assert [r.fan_out for r in auto.rounds] == [r.fan_out for r in fixed.rounds]
 
 
+def test_a_batch_on_auto_backs_every_miss_of_a_round_with_one_backup(pair):
+    """Latencies that keep auto between the two backups, four rows sharing its estimates: the choice moves during the
+    run, and a round's misses all go to the same backup (a round that drafts one row with the draft model waits for
+    it whatever the other rows' backup)."""
+    forget_estimates()
+    prompts = [[5, 6, 7], [1, 2, 3, 4], [7, 7, 1], [2, 9]]
+    config = SSDConfig(k=3, budget=4, temperature=1.0, max_new_tokens=40, backup="auto", latencies=Flat(3.0))
+    _, traces = generate_ssd(pair, prompts, config, torch.Generator().manual_seed(0))
+    rounds = itertools.zip_longest(*(trace.rounds for trace in traces))
+    backups = [{r.backup for r in batch if r is not None and r.backup is not None} for batch in rounds]
+    assert set().union(*backups) == {"jit", "fast"}  # the choice moved
+    assert all(len(used) <= 1 for used in backups)
+
+
 def test_every_miss_scores_what_the_fast_backup_would_have_kept(pair):
     """At each miss the n-gram proposal is scored against the tokens the target went on to produce. Where the fast
     backup itself drafted that round (K = 8, the whole proposal), the score is exactly the count it accepted: a
