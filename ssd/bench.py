@@ -30,7 +30,7 @@ from .files import write_json
 from .experiments import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from .precision import capability, device_name, kind_line, kind_of, machine_kind
-from .checks import parse_variant
+from .checks import is_auto, parse_variant
 from .methods import resolve
 from .prompts import encode
 from .theory import measured_theorem7, sd_from_profile, theorem7_from_profile
@@ -169,7 +169,8 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     with seed + j.
 
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
-    latency profile (ssd.profile) the SSD methods' summaries also hold Theorem 7 fed by it. checkpoint: a path where
+    latency profile (ssd.profile), or several by the batch size they were timed at ({b: profile}), the summaries of
+    SD and the SSD methods at a b one was timed at also hold the prediction it gives. checkpoint: a path where
     the rows so far are kept after each group, and read back by a later run of the same arguments, which goes on
     from the next group (the caller removes it once the result is safe).
     """
@@ -302,8 +303,9 @@ def _report_identity(pair, config: DecodeConfig, rows: list[dict], runs, context
 
 def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=None, config=None) -> list[dict]:
     """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does);
-    decode tokens/s leaves out the prompts' passes (the paper's measure). With a profile and the run's config, the SSD
-    methods get Theorem 7 fed by the profile's latencies beside the one fed by their own rounds."""
+    decode tokens/s leaves out the prompts' passes (the paper's measure). With a profile (or {b: profile}) and the
+    run's config, the SSD methods at a b it was timed at get Theorem 7 fed by its latencies beside the one fed by
+    their own rounds, and SD its predicted speed-up over AR at that b."""
     summary = []
     for method, g in rows.groupby("method", sort=False):
         drafted = g["drafted"].sum()
@@ -349,9 +351,10 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         backed = rounds.loc[(rounds.method == name) & rounds["backup"].notna(), "backup"]
         ssd["fast_backup_share"] = float((backed == "fast").mean()) if len(backed) else None  # of the misses
         ssd.update(measured)
-        fixed = config is not None and resolve(name, config)[1]
-        if profile is not None and fixed and _priced_by(profile, fixed):
-            ssd.update(theorem7_from_profile(profile, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
+        fixed = resolve(name, config)[1] if config is not None else None
+        priced = _pricing(profile, fixed) if fixed is not None else None
+        if priced is not None:
+            ssd.update(theorem7_from_profile(priced, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
                                              ssd["e_miss"], fixed.backup, ssd["all_hit"]))
             if ssd["decode_tokens_per_s"]:
                 ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
@@ -364,15 +367,17 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
 def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
     """SD's speed-up over AR predicted from the profile (``theory.sd_from_profile``) with the tokens its rounds
     yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
-    speed-up (the profile's one-core rates do not carry over to SD's two cores; its ratios do, roughly: a verify
-    pass gains more from the second core than a step, docs/findings.md, the batch-size study)."""
+    speed-up (the profile's one-core rates do not carry over to SD's two cores; its ratios do, roughly, as far as the
+    draft's step gains from the second core what the target's does: docs/findings.md, the batch-size study).
+    Only K prices SD's rounds: a backup on auto, which SD has not, leaves its prediction in place."""
     if parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not s["decode_tokens_per_s"]:
         return
     fixed = resolve(s["method"], config)[1]
     ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
-    if not ar or not ar[0]["decode_tokens_per_s"] or not _priced_by(profile, fixed):
+    priced = _pricing(profile, fixed, tuned=is_auto(fixed.k))  # SD's rounds cost what K makes them
+    if not ar or not ar[0]["decode_tokens_per_s"] or priced is None:
         return
-    s.update(sd_from_profile(profile, fixed.k, s["mean_accepted"] + 1))
+    s.update(sd_from_profile(priced, fixed.k, s["mean_accepted"] + 1))
     s["profile_tokens_per_s"] = ar[0]["decode_tokens_per_s"] * s["profile_speedup_vs_ar"]
     s["decode_over_profile_prediction"] = s["decode_tokens_per_s"] / s["profile_tokens_per_s"]
 
@@ -475,21 +480,27 @@ def _is_ssd(method: str) -> bool:
     return parse_variant(method)[0] in ("ssd", "ssd-pipeline")
 
 
-def _priced_by(profile, config) -> bool:
-    """Whether the profile's latencies are those of this config's rounds: K, B and the backup fixed (on auto they
-    change from round to round, and a mix of backups' rounds has no one price), and the profile timed at the config's
-    batch size (its passes cost what a round of b rows costs; a b = 1 profile would price a batched round as one
-    sequence's)."""
-    return not on_auto(config) and profile.batch_size == config.batch_size
+def _pricing(profile, config, tuned: bool | None = None):
+    """The latency profile that prices this config's rounds, or None: what the rounds' cost depends on must be fixed
+    (tuned: whether it is not; by default whether K, B or the backup is on auto: on auto they change from round to
+    round, and a mix of backups' rounds has no one price), and the profile timed at the config's batch size (its
+    passes cost what a round of b rows costs; a b = 1 profile would price a batched round as one sequence's).
+    profile: one profile, or several by the batch size they were timed at ({b: profile})."""
+    if profile is None or (on_auto(config) if tuned is None else tuned):
+        return None
+    if isinstance(profile, dict):
+        return profile.get(config.batch_size)
+    return profile if profile.batch_size == config.batch_size else None
 
 
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
     """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rates and tokens (None
-    where the profile does not price these rounds: ``_priced_by``)."""
-    if not _priced_by(profile, config):
+    where no profile prices these rounds: ``_pricing``)."""
+    priced = _pricing(profile, config)
+    if priced is None:
         return None
     own = measured_theorem7(rounds)
-    return theorem7_from_profile(profile, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
+    return theorem7_from_profile(priced, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
                                  config.backup, own["all_hit"])["profile_tokens_per_s"]
 
 

@@ -88,32 +88,38 @@ def _auto_batch_sizes(methods: list[str], config) -> set[int]:
     return sizes
 
 
+def _pipeline_batch_sizes(methods: list[str], config) -> set[int]:
+    """The batch sizes the two-rank pipeline's variants decode at (the plain method's and each variant's)."""
+    return {dataclasses.replace(config, **overrides).batch_size
+            for name, overrides in map(parse_variant, methods) if name == "ssd-pipeline"}
+
+
 def cmd_bench(args) -> None:
     methods = parse_methods(args.methods)
-    if "ssd-pipeline" in methods and env_rank() is None:  # one GPU: say so before minutes of loading
-        drafter_device(resolve_device(args.device), spawned=True)
+    if any(parse_variant(m)[0] == "ssd-pipeline" for m in methods) and env_rank() is None:
+        drafter_device(resolve_device(args.device), spawned=True)  # one GPU: say so before minutes of loading
     prompts = load_prompts(args.prompts)
     if args.first_turns:
         prompts = first_turns(prompts)
     pair, config = setup(args)
-    latencies = None
-    if "ssd-pipeline" in methods and pair.target.device.type == "cpu":  # Theorem 7 fed by the ranks' latency curves
-        latencies = profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores)
+    # Theorem 7 fed by the ranks' latency curves: the pipeline priced at each b it decodes at (on a CPU, whose cores
+    # the profile times), and the b = 1 curves, and each tuned b's, for the variants on auto (their tuner reads them)
+    priced = _pipeline_batch_sizes(methods, config) if pair.target.device.type == "cpu" else set()
     tuned = _auto_batch_sizes(methods, config)
-    if tuned:  # (a method that has no K, B or backup to tune, e.g. ar, never fetches one)
-        # auto K, B or backup: priced on the profile of the ranks' cores at the run's batch size (measured once, then
-        # read from the user cache): every batch size measured now, never inside a timed call
-        latencies = latencies or profile.cached_profile(pair, verifier_cores=args.verifier_cores,
-                                                        drafter_cores=args.drafter_cores)
-        for b in sorted(tuned - {1}):
-            profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores,
-                                   batch_size=b)
+    sizes = priced | tuned | ({1} if tuned else set())
+    # every batch size measured now (once, then read from the user cache), never inside a timed call
+    profiles = {b: profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores,
+                                          batch_size=b) for b in sorted(sizes)}
+    latencies = profiles.get(1)
+    if tuned:
         config = dataclasses.replace(config, latencies=latencies)
     checkpoint = f"{args.json}.partial" if args.json else None
-    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=latencies, checkpoint=checkpoint)
+    result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=profiles or None,
+                             checkpoint=checkpoint)
     result.pop("spans")  # the timeline's: a JSON keeps the rows and their summaries
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
-              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None, **result}
+              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None,
+              "batch_profiles": {str(b): p.to_dict() for b, p in profiles.items() if b != 1}, **result}
     print(bench.summary_table(result["summary"]))
     print()
     print(bench.category_table(result["categories"]))

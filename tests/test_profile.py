@@ -166,6 +166,7 @@ def test_theorem7_from_a_profile_at_batch_size_b():
 
 
 def test_the_bench_prices_a_method_only_with_a_profile_at_its_batch_size():
+    """One profile prices the methods at the b it was timed at; profiles by batch size ({b: profile}) each theirs."""
     rows = pd.DataFrame({"method": ["ar", "ssd", "ssd:batch_size=2", "ssd:batch_size=2"],
                          "prompt_id": ["p", "p", "p", "q"], "new_tokens": [10] * 4, "wall_s": [5.0, 2.0, 3.0, 3.0],
                          "batch_size": [1, 1, 2, 2], "drafted": [0, 8, 8, 8], "accepted": [0, 6, 6, 6],
@@ -175,12 +176,26 @@ def test_the_bench_prices_a_method_only_with_a_profile_at_its_batch_size():
                                       "draft_s": [0.2, 0.0, 0.0], "backup": ["jit", None, None]})
                         for m in ("ssd", "ssd:batch_size=2", "ssd:batch_size=2")])
     config = SSDConfig(k=4, budget=4)
-    summary = {s["method"]: s for s in bench.summarize(rows, rounds, synthetic_profile(), config)}
+    summary = summary_at_one = {s["method"]: s for s in bench.summarize(rows, rounds, synthetic_profile(), config)}
     assert summary["ssd"]["profile_tokens_per_s"] > 0
     assert "profile_tokens_per_s" not in summary["ssd:batch_size=2"]  # a b = 1 profile does not price b = 2
     at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
     summary = {s["method"]: s for s in bench.summarize(rows, rounds, at_two, config)}
     assert summary["ssd:batch_size=2"]["profile_tokens_per_s"] > 0 and "profile_tokens_per_s" not in summary["ssd"]
+    by_b = {s["method"]: s for s in bench.summarize(rows, rounds, {1: synthetic_profile(), 2: at_two}, config)}
+    assert by_b["ssd"]["profile_tokens_per_s"] == summary_at_one["ssd"]["profile_tokens_per_s"]  # each by its own b's
+    assert by_b["ssd:batch_size=2"]["profile_tokens_per_s"] == summary["ssd:batch_size=2"]["profile_tokens_per_s"]
+    only_two = {s["method"]: s for s in bench.summarize(rows, rounds, {2: at_two}, config)}
+    assert "profile_tokens_per_s" not in only_two["ssd"]  # none timed at b = 1
+
+
+def test_the_bench_command_times_a_profile_at_each_batch_size_the_pipeline_decodes_at():
+    from ssd.commands import _pipeline_batch_sizes
+
+    methods = ["ar", "ssd-pipeline:backup=jit", "ssd-pipeline:backup=fast:batch_size=4", "sd:batch_size=8"]
+    assert _pipeline_batch_sizes(methods, SSDConfig(k=4, budget=4)) == {1, 4}
+    assert _pipeline_batch_sizes(["ssd-pipeline"], SSDConfig(k=4, budget=4, batch_size=2)) == {2}
+    assert _pipeline_batch_sizes(["ar", "sd:batch_size=2"], SSDConfig(k=4, budget=4)) == set()
 
 
 def test_sd_from_a_profile_at_batch_size_b():
@@ -206,6 +221,8 @@ def test_the_bench_predicts_sd_from_a_profile_at_its_batch_size_over_ar_at_that_
     speedup = sd_from_profile(at_two, 4, 6 / 4 + 1)["profile_speedup_vs_ar"]  # E: accepted per round + 1
     assert sd["profile_tokens_per_s"] == pytest.approx(ar["decode_tokens_per_s"] * speedup)
     assert sd["decode_over_profile_prediction"] == pytest.approx(sd["decode_tokens_per_s"] / sd["profile_tokens_per_s"])
+    with_auto_backup = bench.summarize(rows, None, {2: at_two}, SSDConfig(k=4, budget=4, backup="auto"))
+    assert with_auto_backup[1]["profile_tokens_per_s"] == sd["profile_tokens_per_s"]  # SD has no backup to tune
     at_one = {s["method"]: s for s in bench.summarize(rows, None, synthetic_profile(), DecodeConfig(k=4))}
     assert "profile_tokens_per_s" not in at_one["sd:batch_size=2"]  # a b = 1 profile does not price b = 2
 
