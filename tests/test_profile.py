@@ -221,8 +221,8 @@ def test_the_bench_predicts_sd_from_a_profile_at_its_batch_size_over_ar_at_that_
     speedup = sd_from_profile(at_two, 4, 6 / 4 + 1)["profile_speedup_vs_ar"]  # E: accepted per round + 1
     assert sd["profile_tokens_per_s"] == pytest.approx(ar["decode_tokens_per_s"] * speedup)
     assert sd["decode_over_profile_prediction"] == pytest.approx(sd["decode_tokens_per_s"] / sd["profile_tokens_per_s"])
-    with_auto_backup = bench.summarize(rows, None, {2: at_two}, SSDConfig(k=4, budget=4, backup="auto"))
-    assert with_auto_backup[1]["profile_tokens_per_s"] == sd["profile_tokens_per_s"]  # SD has no backup to tune
+    auto_backup = {s["method"]: s for s in bench.summarize(rows, None, {2: at_two}, SSDConfig(k=4, backup="auto"))}
+    assert auto_backup["sd:batch_size=2"]["profile_tokens_per_s"] == sd["profile_tokens_per_s"]  # SD has no backup
     at_one = {s["method"]: s for s in bench.summarize(rows, None, synthetic_profile(), DecodeConfig(k=4))}
     assert "profile_tokens_per_s" not in at_one["sd:batch_size=2"]  # a b = 1 profile does not price b = 2
 
