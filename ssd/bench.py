@@ -374,7 +374,7 @@ def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
         return
     fixed = resolve(s["method"], config)[1]
     ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
-    priced = _pricing(profile, fixed, tuned=is_auto(fixed.k))  # SD's rounds cost what K makes them
+    priced = None if is_auto(fixed.k) else _profile_at(profile, fixed.batch_size)  # SD's rounds: what K makes them
     if not ar or not ar[0]["decode_tokens_per_s"] or priced is None:
         return
     s.update(sd_from_profile(priced, fixed.k, s["mean_accepted"] + 1))
@@ -480,17 +480,19 @@ def _is_ssd(method: str) -> bool:
     return parse_variant(method)[0] in ("ssd", "ssd-pipeline")
 
 
-def _pricing(profile, config, tuned: bool | None = None):
-    """The latency profile that prices this config's rounds, or None: what the rounds' cost depends on must be fixed
-    (tuned: whether it is not; by default whether K, B or the backup is on auto: on auto they change from round to
-    round, and a mix of backups' rounds has no one price), and the profile timed at the config's batch size (its
-    passes cost what a round of b rows costs; a b = 1 profile would price a batched round as one sequence's).
-    profile: one profile, or several by the batch size they were timed at ({b: profile})."""
-    if profile is None or (on_auto(config) if tuned is None else tuned):
-        return None
+def _profile_at(profile, batch_size: int):
+    """The profile timed at this batch size (its passes cost what a round of b rows costs; a b = 1 profile would
+    price a batched round as one sequence's), or None. profile: one profile, or several by the batch size they were
+    timed at ({b: profile})."""
     if isinstance(profile, dict):
-        return profile.get(config.batch_size)
-    return profile if profile.batch_size == config.batch_size else None
+        return profile.get(batch_size)
+    return profile if profile is not None and profile.batch_size == batch_size else None
+
+
+def _pricing(profile, config):
+    """The profile that prices this SSD config's rounds, or None: K, B and the backup fixed (on auto they change from
+    round to round, and a mix of backups' rounds has no one price), timed at the config's batch size."""
+    return None if on_auto(config) else _profile_at(profile, config.batch_size)
 
 
 def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
