@@ -90,8 +90,7 @@ def _auto_batch_sizes(methods: list[str], config) -> set[int]:
 
 def _pipeline_batch_sizes(methods: list[str], config) -> set[int]:
     """The batch sizes the two-rank pipeline's variants decode at (the plain method's and each variant's)."""
-    return {dataclasses.replace(config, **overrides).batch_size
-            for name, overrides in map(parse_variant, methods) if name == "ssd-pipeline"}
+    return {bench.batch_size_of(m, config) for m in methods if parse_variant(m)[0] == "ssd-pipeline"}
 
 
 def cmd_bench(args) -> None:
