@@ -16,11 +16,14 @@ import importlib
 # The names below load on first use (PEP 562), so that `python -m ssd --help`, which imports this package first,
 # answers before torch and transformers load.
 _EXPORTS = {
-    "DecodeConfig": "decoding", "generate_ar": "decoding", "generate_sd": "decoding",
-    "METHODS": "methods", "get_method": "methods",
-    "Pair": "models", "load_pair": "models", "tiny_pair": "models",
-    "Prompt": "prompts", "encode": "prompts", "load_prompts": "prompts",
-    "Round": "trace", "Trace": "trace",
+    "DecodeConfig": "core.decoding", "generate_ar": "core.decoding", "generate_sd": "core.decoding",
+    "SSDConfig": "core.speculation", "generate_ssd": "core.speculation",
+    "PipelineConfig": "pipeline.launch", "generate_ssd_pipeline": "pipeline.launch",
+    "close_pipelines": "pipeline.launch",
+    "METHODS": "bench.methods", "get_method": "bench.methods",
+    "Pair": "models.loading", "load_pair": "models.loading", "tiny_pair": "models.loading",
+    "Prompt": "bench.prompts", "encode": "bench.prompts", "load_prompts": "bench.prompts",
+    "Round": "core.trace", "Trace": "core.trace",
 }
 __all__ = list(_EXPORTS)
 

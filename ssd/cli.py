@@ -49,7 +49,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--a-p", type=float, default=0.6, help="geometric: acceptance rate; calibrated and auto: its prior "
                    "(default 0.6)")
     s.add_argument("--r", type=float, default=0.5, help="geometric: miss-rate power-law exponent; calibrated: prior")
-    t = p.add_argument_group("SSD on two ranks (method ssd-pipeline; see ssd.pipeline)")
+    t = p.add_argument_group("SSD on two ranks (method ssd-pipeline; see ssd.pipeline.launch)")
     t.add_argument("--verifier-cores", default="0", help="CPU cores of the verifier rank (target), e.g. 0 or 0-3 "
                    "(default 0); it runs one torch thread per core")
     t.add_argument("--drafter-cores", default="1", help="CPU cores of the drafter rank (draft) (default 1)")
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 00,01 (default: all)")
 
     sw = sub.add_parser("sweep", help="run a notebook over a YAML parameter grid with papermill; resumable")
-    sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.sweep)")
+    sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.course.sweep)")
     sw.add_argument("--jobs", type=int, default=1, help="points run at once, each in its own process (default 1)")
     sw.add_argument("--dry-run", action="store_true", help="list the points, marking those done; run nothing")
     sw.add_argument("--data-dir", default="data", help="results go to DATA_DIR/NAME.csv (default data)")
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "run makes it (the target over b x n tokens, the draft's tree over b x B rows; default 1)")
     pr.add_argument("--random-weights", action="store_true", help="time the named pair's architecture with random "
                     "weights, where its weights are not installed (a pass's time depends on the shapes, not the "
-                    "values; ssd.shapes); auto precisions are then the GPU's own, float32 on a CPU")
+                    "values; ssd.models.shapes); auto precisions are then the GPU's own, float32 on a CPU")
     pr.add_argument("--json", default=None, help="write the profile here")
     pr.add_argument("--store", default=None, help="also keep it in this folder of stored profiles (data/profiles), "
                     "named by the pair, its precisions and the kind of machine; notebooks read it there")
@@ -146,8 +146,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         return bad_input(e)
     from . import commands  # the kit (torch, transformers) loads only now, for a command that runs
-    from .pair import ModelLoadError
-    from .transport import PipelineError
+    from .models.pair import ModelLoadError
+    from .pipeline.transport import PipelineError
 
     try:
         return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args) or 0
@@ -197,9 +197,9 @@ def torchrun_main(argv=None) -> int:
     there); rank 1 loads the draft of --pair on --drafter-cores (or its GPU) and serves drafts until rank 0 is done."""
     import torch
 
-    from .devices import resolve_device
-    from .pipeline import close_pipelines, serve_torchrun, stop_unused_torchrun_drafter
-    from .transport import env_rank
+    from .models.devices import resolve_device
+    from .pipeline.launch import close_pipelines, serve_torchrun, stop_unused_torchrun_drafter
+    from .pipeline.transport import env_rank
 
     rank = env_rank()
     if rank is None:
@@ -227,8 +227,8 @@ def torchrun_main(argv=None) -> int:
 
 
 def execute_main(argv=None) -> int:
-    """A sweep point's process (`python -m ssd.execute`, ssd.sweep): one notebook with its parameters, through papermill
-    on a kernel over Unix sockets (ssd.ipc_kernel). Apart from `python -m ssd`, whose commands load the kit (torch)
+    """A sweep point's process (`python -m ssd.execute`, ssd.course.sweep): one notebook with its parameters, through papermill
+    on a kernel over Unix sockets (ssd.course.kernel). Apart from `python -m ssd`, whose commands load the kit (torch)
     before they run: a point's own process needs only papermill, and its kernel loads the kit itself."""
     import yaml
 
@@ -242,7 +242,7 @@ def execute_main(argv=None) -> int:
     parameters = yaml.safe_load(args.parameters)
     if not isinstance(parameters, dict):
         parser.error(f"--parameters must be a YAML mapping, got {type(parameters).__name__}")
-    from .ipc_kernel import execute_notebook
+    from .course.kernel import execute_notebook
 
     execute_notebook(args.notebook, args.out, parameters, args.cwd)
     return 0

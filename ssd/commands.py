@@ -9,21 +9,26 @@ import sys
 import pandas as pd
 import torch
 
-from . import bench, course, experiments, gpu_check, profile
+from .bench import run as bench
+from .course import notebooks as course
+from .analysis import experiments
+from .bench import stats
+from .bench import gpu_check
+from .bench import profile
 from .checks import check_strategy, parse_methods, parse_variant
-from .cores import check_cores
-from .devices import drafter_device, resolve_device
+from .models.cores import check_cores
+from .models.devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
-from .kernels import library_line
-from .methods import get_method
-from .models import DEFAULT_PAIR, PAIRS, load_pair
-from .pipeline import PipelineConfig
-from .precision import capability_line
-from .prompts import Prompt, encode, first_turns, load_prompts
-from .shapes import random_pair
-from .ssd import SSDConfig
-from .transport import env_rank
-from .tuning import is_auto, on_auto
+from .models.kernels import library_line
+from .bench.methods import get_method
+from .models.loading import DEFAULT_PAIR, PAIRS, load_pair
+from .pipeline.launch import PipelineConfig
+from .models.precision import capability_line
+from .bench.prompts import Prompt, encode, first_turns, load_prompts
+from .models.shapes import random_pair
+from .core.speculation import SSDConfig
+from .pipeline.transport import env_rank
+from .core.tuning import is_auto, on_auto
 
 
 def setup(args) -> tuple[object, SSDConfig]:
@@ -149,13 +154,13 @@ def cmd_hit_rates(args) -> None:
                          "give an integer k")
     if args.backup != "jit" or args.saguaro_c != 1.0:
         raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
-                         "--saguaro-c 1 (see ssd.ssd.counterfactual_hits)")
+                         "--saguaro-c 1 (see ssd.core.speculation.counterfactual_hits)")
     args.budget = max(budgets)
     prompts = load_prompts(args.prompts)
     pair, config = setup(args)
     rounds = experiments.ssd_rounds(pair, prompts, config, seed=args.seed)
     curves = experiments.hit_rate_curves(rounds, budgets, config.k, strategies, a_p=config.a_p, r=config.r)
-    table = experiments.mean_ci(curves, ["strategy", "budget"], "hit_rate")
+    table = stats.mean_ci(curves, ["strategy", "budget"], "hit_rate")
     write_csv(rounds, f"{args.out}_rounds.csv")
     write_csv(curves, f"{args.out}.csv")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -171,7 +176,7 @@ def cmd_course(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from . import sweep  # it imports nbformat: the other commands run where only the kit's core packages are
+    from .course import sweep  # it imports nbformat: the other commands run where only the kit's core packages are
 
     grid = sweep.load_grid(args.grid)
     try:
@@ -211,7 +216,7 @@ def cmd_profile(args) -> None:
         profile.save(result, path)
         print(f"wrote {path}", file=sys.stderr)
     if args.figure:
-        from . import plots  # matplotlib only when a figure is asked for
+        from .analysis import plots  # matplotlib only when a figure is asked for
 
         fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
         print(f"wrote {plots.save(fig, args.figure)}", file=sys.stderr)

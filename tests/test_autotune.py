@@ -4,19 +4,21 @@ import json
 import pytest
 import torch
 
-from ssd import bench, experiments, plots, tuning
+from ssd.bench import run as bench
+from ssd.analysis import experiments, plots
+from ssd.core import tuning
 from ssd.checks import parse_methods, parse_variant
 from ssd.cli import main
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
-from ssd.methods import resolve
-from ssd.models import tiny_pair
-from ssd.outcomes import Calibrator
-from ssd.precision import kind_line, kind_of, machine_kind
-from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
-from ssd.profile import Profile
-from ssd.prompts import load_prompts
-from ssd.ssd import SSDConfig, generate_ssd
+from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.bench.methods import resolve
+from ssd.models.loading import tiny_pair
+from ssd.core.outcomes import Calibrator
+from ssd.models.precision import kind_line, kind_of, machine_kind
+from ssd.pipeline.launch import PipelineConfig, close_pipelines, generate_ssd_pipeline
+from ssd.core.latencies import Profile
+from ssd.bench.prompts import load_prompts
+from ssd.core.speculation import SSDConfig, generate_ssd
 
 
 def toy_profile(verify_slope: float = 0.05, draft_ms: float = 20.0) -> Profile:
@@ -224,7 +226,7 @@ def test_the_command_line_takes_auto_and_refuses_junk(capsys):
 
 
 def test_hf_sd_refuses_auto(pair):
-    from ssd.peers import generate_hf_sd
+    from ssd.bench.peers import generate_hf_sd
 
     with pytest.raises(ValueError, match="hf-sd drafts a fixed K"):
         generate_hf_sd(pair, PROMPT, DecodeConfig(k="auto"), torch.Generator())

@@ -1,4 +1,4 @@
-"""The batch-size study's tables (ssd.batch_study): a bench as the sweep's table of calls, intervals over calls, the
+"""The batch-size study's tables (ssd.analysis.batch_study): a bench as the sweep's table of calls, intervals over calls, the
 crossover b*, break-even batch sizes and the auto backup against the fixed ones, on synthetic tables whose answers
 are known; and one real (tiny) bench through point_table."""
 import math
@@ -6,12 +6,12 @@ import math
 import pandas as pd
 import pytest
 
-from ssd import batch_study
-from ssd.bench import run_bench
-from ssd.decoding import DecodeConfig
-from ssd.models import tiny_pair
-from ssd.prompts import load_prompts
-from ssd.theory import critical_batch_size
+from ssd.analysis import batch_study
+from ssd.bench.run import run_bench
+from ssd.core.decoding import DecodeConfig
+from ssd.models.loading import tiny_pair
+from ssd.bench.prompts import load_prompts
+from ssd.core.theory import critical_batch_size
 
 JIT, FAST, AUTO = "ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"
 

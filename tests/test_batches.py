@@ -6,19 +6,20 @@ import pytest
 import torch
 import transformers
 
-from ssd import bench, cached_model
-from ssd.bench import run_bench, summarize
-from ssd.cached_model import CachedModel
-from ssd.decoding import DecodeConfig, generate_ar
-from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.bench import run as bench
+from ssd.core import cached_model
+from ssd.bench.run import run_bench, summarize
+from ssd.core.cached_model import CachedModel
+from ssd.core.decoding import DecodeConfig, generate_ar
+from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 from ssd.checks import parse_variant
-from ssd.methods import METHODS
-from ssd.models import tiny_pair
-from ssd.pair import Pair
-from ssd.pipeline import PipelineConfig, close_pipelines
-from ssd.prompts import Prompt, load_prompts
-from ssd.ssd import SSDConfig
-from ssd.tiny import ToyTokenizer
+from ssd.bench.methods import METHODS
+from ssd.models.loading import tiny_pair
+from ssd.models.pair import Pair
+from ssd.pipeline.launch import PipelineConfig, close_pipelines
+from ssd.bench.prompts import Prompt, load_prompts
+from ssd.core.speculation import SSDConfig
+from ssd.models.tiny import ToyTokenizer
 
 # Ragged: 1 to 14 tokens; the shortest and longest apart, so left padding and masking are exercised at every b.
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1, 2], [3], [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [2, 4]]

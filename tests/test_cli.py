@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ssd.cli import main
-from ssd.prompts import load_prompts, prompt_set
+from ssd.bench.prompts import load_prompts, prompt_set
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_prompt_specs(tmp_path):
 
 
 def test_a_bench_json_reads_back_as_its_rows(tmp_path):
-    from ssd.bench import load_rows
+    from ssd.bench.run import load_rows
 
     path = str(tmp_path / "bench.json")
     argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", "prose[0:2]", "--max-new-tokens", "4",
@@ -68,9 +68,9 @@ def test_a_bench_json_reads_back_as_its_rows(tmp_path):
 
 
 def test_a_killed_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    from ssd import bench
-    from ssd.decoding import DecodeConfig
-    from ssd.models import tiny_pair
+    from ssd.bench import run as bench
+    from ssd.core.decoding import DecodeConfig
+    from ssd.models.loading import tiny_pair
 
     pair, prompts = tiny_pair(), load_prompts("prose[0:3]")
     config, checkpoint = DecodeConfig(k=2, max_new_tokens=10), str(tmp_path / "b.json.partial")
@@ -135,8 +135,8 @@ def test_help_and_argument_errors_answer_before_torch_loads():
 
 def test_the_names_the_parser_offers_are_the_kits_own():
     from ssd import names
-    from ssd.methods import METHODS
-    from ssd.models import PAIRS
+    from ssd.bench.methods import METHODS
+    from ssd.models.loading import PAIRS
 
     assert tuple(METHODS) == names.METHOD_NAMES and tuple(PAIRS) == names.PAIR_NAMES
 

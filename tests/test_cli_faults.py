@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-import ssd.models
+import ssd.models.loading
 from ssd.cli import main
-from ssd.pipeline import PipelineError
+from ssd.pipeline.launch import PipelineError
 
 
 def test_a_model_that_cannot_be_loaded_is_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(ssd.models, "_hub_reachable", lambda: False)  # as on a machine without the hub
+    monkeypatch.setattr(ssd.models.loading, "_hub_reachable", lambda: False)  # as on a machine without the hub
     argv = ["generate", "--pair", "no-such-org/draft,no-such-org/target", "--prompt", "x",
             "--target-dtype", "float32", "--draft-dtype", "float32"]
     assert main(argv) == 2

@@ -4,7 +4,7 @@ import os
 import nbformat
 import pytest
 
-from ssd.course import course_notebooks, run_course
+from ssd.course.notebooks import course_notebooks, run_course
 
 
 def notebook(path, source):

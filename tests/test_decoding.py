@@ -4,10 +4,10 @@ import dataclasses
 import pytest
 import torch
 
-from ssd.decoding import DecodeConfig, _greedy_step, generate_ar, generate_sd
-from ssd.models import tiny_pair
+from ssd.core.decoding import DecodeConfig, _greedy_step, generate_ar, generate_sd
+from ssd.models.loading import tiny_pair
 
-from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
 
 @pytest.fixture(scope="module")

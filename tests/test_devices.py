@@ -11,13 +11,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import ssd.devices
-from ssd import bench, cli, commands, gpu_check, models
-from ssd.devices import accelerator, drafter_device, resolve_device
-from ssd.models import load_pair, tiny_pair
-from ssd.pipeline import Pipeline
-from ssd.precision import accelerator_precision
-from ssd.ssd import SSDConfig
+import ssd.models.devices
+from ssd.bench import run as bench, gpu_check
+from ssd import cli, commands
+from ssd.models import loading as models
+from ssd.models.devices import accelerator, drafter_device, resolve_device
+from ssd.models.loading import load_pair, tiny_pair
+from ssd.pipeline.launch import Pipeline
+from ssd.models.precision import accelerator_precision
+from ssd.core.speculation import SSDConfig
 
 CUDA = torch.device("cuda")
 
@@ -34,7 +36,7 @@ def two_gpus(monkeypatch):
 @pytest.fixture
 def no_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(ssd.devices, "mps_available", lambda: False)
+    monkeypatch.setattr(ssd.models.devices, "mps_available", lambda: False)
 
 
 # ---- names ---------------------------------------------------------------------------------------------------------
@@ -42,7 +44,7 @@ def no_gpu(monkeypatch):
 
 def test_auto_picks_cuda_then_mps_then_the_cpu(monkeypatch, no_gpu):
     assert resolve_device("auto") == torch.device("cpu")
-    monkeypatch.setattr(ssd.devices, "mps_available", lambda: True)
+    monkeypatch.setattr(ssd.models.devices, "mps_available", lambda: True)
     assert resolve_device("auto") == torch.device("mps")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == CUDA and accelerator() == CUDA
@@ -100,7 +102,7 @@ def test_auto_on_a_gpu_decides_without_the_cpu_timing(monkeypatch, two_gpus):
 def test_int8_on_a_gpu_fails_in_one_line(monkeypatch, two_gpus):
     with pytest.raises(ValueError, match="^draft_dtype=int8 is not supported on cuda: int8 runs on CPUs only"):
         load_pair("tiny", draft_dtype="int8", device="cuda")
-    monkeypatch.setattr(ssd.devices, "mps_available", lambda: True)
+    monkeypatch.setattr(ssd.models.devices, "mps_available", lambda: True)
     with pytest.raises(ValueError, match="^target_dtype=int8 is not supported on mps"):
         load_pair("tiny", target_dtype="int8", device="mps")
 
@@ -122,7 +124,7 @@ def test_the_drafter_takes_the_next_gpu_or_says_there_is_none(monkeypatch, two_g
 def test_a_pipeline_draft_device_that_is_not_here_fails_before_a_drafter_starts(no_gpu):
     with pytest.raises(ValueError, match="draft_device='cuda:1' but torch.cuda.is_available"):
         Pipeline(tiny_pair(), draft_device="cuda:1")
-    assert not ssd.pipeline._open
+    assert not ssd.pipeline.launch._open
 
 
 def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(monkeypatch, capsys, no_gpu):

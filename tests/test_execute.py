@@ -1,11 +1,11 @@
-"""Notebooks run on kernels over Unix sockets (ssd.ipc_kernel): through papermill in-process, as a sweep point's process,
+"""Notebooks run on kernels over Unix sockets (ssd.course.kernel): through papermill in-process, as a sweep point's process,
 and under nbval (tests/conftest.py), so no other process can bind a kernel's port before the kernel does."""
 import json
 import subprocess
 import sys
 
 import nbformat
-from ssd.ipc_kernel import IpcKernelManager, execute_notebook
+from ssd.course.kernel import IpcKernelManager, execute_notebook
 
 # The kernel writes what it was started with: its transport, and where it ran.
 REPORT = """

@@ -5,12 +5,13 @@ import math
 import pandas as pd
 import pytest
 
-from ssd import experiments
-from ssd.decoding import DecodeConfig
-from ssd.lossless import ALPHA, chi_square_p, distribution_check, exact_target_distribution, greedy_identical
-from ssd.models import load_pair, tiny_pair
-from ssd.prompts import load_prompts
-from ssd.ssd import SSDConfig
+from ssd.analysis import experiments
+from ssd.bench import stats
+from ssd.core.decoding import DecodeConfig
+from ssd.bench.lossless import ALPHA, chi_square_p, distribution_check, exact_target_distribution, greedy_identical
+from ssd.models.loading import load_pair, tiny_pair
+from ssd.bench.prompts import load_prompts
+from ssd.core.speculation import SSDConfig
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +92,11 @@ def test_paired_difference_pairs_settings_per_prompt():
 
     frame = pd.DataFrame({"set": ["x"] * 6, "prompt_id": [1, 2, 3] * 2, "c": [1.0] * 3 + [0.1] * 3,
                           "hit_rate": [0.5, 0.6, 0.7, 0.6, 0.7, 0.9]})
-    out = experiments.paired_difference(frame, ["set"], "c", 0.1, 1.0, "hit_rate").iloc[0]
+    out = stats.paired_difference(frame, ["set"], "c", 0.1, 1.0, "hit_rate").iloc[0]
     assert out["mean"] == pytest.approx(0.4 / 3) and out["n"] == 3
     assert out.ci_low < out["mean"] < out.ci_high
     with pytest.raises(ValueError, match="c has no rows for \\[0.5\\]"):
-        experiments.paired_difference(frame, ["set"], "c", 0.5, 1.0, "hit_rate")
+        stats.paired_difference(frame, ["set"], "c", 0.5, 1.0, "hit_rate")
 
 
 
@@ -105,17 +106,17 @@ def test_speedups_are_paired_ratios_per_prompt_over_the_baseline():
     rows = pd.DataFrame({"set": ["x"] * 6 + ["y"] * 2, "prompt_id": [1, 2, 3] * 2 + [4, 4],
                          "method": ["sd"] * 3 + ["ar"] * 3 + ["ar", "sd"],
                          "tokens_per_s": [3.0, 4.0, 9.0, 2.0, 2.0, 3.0, 5.0, 4.0]})
-    out = experiments.speedups(rows, "ar", ["set"])
+    out = stats.speedups(rows, "ar", ["set"])
     assert list(out.columns) == ["set", "prompt_id", "method", "speedup"] and set(out.method) == {"sd"}
     assert out.set_index("prompt_id").speedup.to_dict() == {1: 1.5, 2: 2.0, 3: 3.0, 4: 0.8}
-    ci = experiments.mean_ci(out, ["set", "method"], "speedup").set_index("set")
+    ci = stats.mean_ci(out, ["set", "method"], "speedup").set_index("set")
     assert ci.loc["x", "mean"] == pytest.approx(6.5 / 3) and ci.loc["x", "n"] == 3
     # A prompt the baseline did not run is left out, not counted as a ratio of NaN.
-    assert len(experiments.speedups(rows.drop(index=3), "ar", ["set"])) == 3
+    assert len(stats.speedups(rows.drop(index=3), "ar", ["set"])) == 3
     with pytest.raises(ValueError, match="baseline must be one of the methods"):
-        experiments.speedups(rows, "hf-ar")
+        stats.speedups(rows, "hf-ar")
     with pytest.raises(ValueError, match="missing \\['wall_s'\\]"):
-        experiments.speedups(rows, "ar", value="wall_s")
+        stats.speedups(rows, "ar", value="wall_s")
 
 def test_atomic_writes_leave_ordinary_file_permissions(tmp_path):
     import os
@@ -131,11 +132,11 @@ def test_atomic_writes_leave_ordinary_file_permissions(tmp_path):
 
 def test_mean_ci_gives_no_interval_from_fewer_than_3_and_keeps_rates_in_0_1():
     frame = pd.DataFrame({"g": [1, 1, 1, 2, 2], "hit_rate": [1.0, 1.0, 0.4, 0.5, 0.6]})
-    out = experiments.mean_ci(frame, "g", "hit_rate").set_index("g")
+    out = stats.mean_ci(frame, "g", "hit_rate").set_index("g")
     assert out.loc[1, "ci_high"] == 1.0 and 0.0 <= out.loc[1, "ci_low"] < out.loc[1, "mean"]
     assert math.isnan(out.loc[2, "ci_low"]) and math.isnan(out.loc[2, "ci_high"]) and out.loc[2, "mean"] == 0.55
     # The same numbers as a value that is not a rate: the t-interval as it is, past 1.
-    unbounded = experiments.mean_ci(frame.rename(columns={"hit_rate": "speedup"}), "g", "speedup").set_index("g")
+    unbounded = stats.mean_ci(frame.rename(columns={"hit_rate": "speedup"}), "g", "speedup").set_index("g")
     assert unbounded.loc[1, "ci_high"] > 1.0
 
 

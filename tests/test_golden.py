@@ -14,11 +14,11 @@ import pathlib
 import pytest
 import torch
 
-from ssd.decoding import DecodeConfig
-from ssd.methods import get_method
-from ssd.models import tiny_pair
-from ssd.pipeline import PipelineConfig, close_pipelines
-from ssd.ssd import SSDConfig
+from ssd.core.decoding import DecodeConfig
+from ssd.bench.methods import get_method
+from ssd.models.loading import tiny_pair
+from ssd.pipeline.launch import PipelineConfig, close_pipelines
+from ssd.core.speculation import SSDConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "golden.json"
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -92,7 +92,7 @@ def test_every_method_draws_the_pinned_tokens_and_rounds(now, case):
 
 
 def test_the_golden_file_covers_every_method():
-    from ssd.methods import METHODS
+    from ssd.bench.methods import METHODS
 
     golden = json.loads(GOLDEN.read_text())
     assert {method for _, method, _ in CASES} == set(METHODS)

@@ -1,7 +1,7 @@
 """The kit on a GPU (CUDA, or Apple's MPS): tiny random pairs moved to the device, checked as on the CPU.
 
 Greedy SD, SSD and transformers' peers give AR's tokens in float32; at the GPU's reduced precision every difference
-sits at a near-tie of the target's top two logits (ssd.lossless.near_tie_bound); the tree pre-speculation (its 4D
+sits at a near-tie of the target's top two logits (ssd.bench.lossless.near_tie_bound); the tree pre-speculation (its 4D
 mask made on the device, in the model's dtype) drafts what each branch drafted alone would; Saguaro keeps the output
 distribution the target's; the pipeline runs across two GPUs (NCCL), and on one says it needs a second.
 
@@ -13,17 +13,17 @@ import os
 import pytest
 import torch
 
-import ssd.graphs
-import ssd.ssd
-import ssd.tree
-from ssd.devices import accelerator, resolve_device
-from ssd.lossless import ALPHA, distribution_check, greedy_identical
-from ssd.models import load_pair, tiny_pair
-from ssd.pipeline import Pipeline, close_pipelines
-from ssd.precision import accelerator_precision, convert, fixed, precision_of
-from ssd.prompts import Prompt
-from ssd.ssd import SSDConfig, generate_ssd
-from ssd.decoding import generate_ar
+import ssd.bench.graphs
+import ssd.core.speculation
+import ssd.core.tree
+from ssd.models.devices import accelerator, resolve_device
+from ssd.bench.lossless import ALPHA, distribution_check, greedy_identical
+from ssd.models.loading import load_pair, tiny_pair
+from ssd.pipeline.launch import Pipeline, close_pipelines
+from ssd.models.precision import accelerator_precision, convert, fixed, precision_of
+from ssd.bench.prompts import Prompt
+from ssd.core.speculation import SSDConfig, generate_ssd
+from ssd.core.decoding import generate_ar
 
 from .test_ssd import assert_tree_drafting_equals_each_branch_alone, tree_and_alone
 
@@ -92,8 +92,8 @@ def test_the_tree_mask_is_made_on_the_device_in_the_models_dtype(monkeypatch):
         made.append((mask.dtype, mask.device.type))
         return mask
 
-    real = ssd.tree.tree_mask
-    monkeypatch.setattr(ssd.tree, "tree_mask", spy)
+    real = ssd.core.tree.tree_mask
+    monkeypatch.setattr(ssd.core.tree, "tree_mask", spy)
     for branch, alone in tree_and_alone(draft):
         # Each branch's first row against the same position drafted alone, both at the reduced precision: they
         # differ by rounding only (float32 above checks every row and token exactly).
@@ -137,11 +137,11 @@ def test_on_one_gpu_the_pipeline_says_it_needs_a_second(pair):
 
 @pytest.mark.skipif(DEVICE is None or DEVICE.type != "cuda", reason="CUDA graphs need a CUDA device")
 def test_a_pass_replayed_from_a_cuda_graph_gives_the_eager_pass_logits(pair):
-    """ssd.graphs: what make gpu-check times replayed is the pass it times eager, output for output."""
-    run = ssd.graphs.static_pass(pair.target, 2, 5, context=16)
+    """ssd.bench.graphs: what make gpu-check times replayed is the pass it times eager, output for output."""
+    run = ssd.bench.graphs.static_pass(pair.target, 2, 5, context=16)
     with torch.inference_mode():
         eager = run().clone()
-        replay, out = ssd.graphs.graphed(run)
+        replay, out = ssd.bench.graphs.graphed(run)
         replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)

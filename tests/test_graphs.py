@@ -1,11 +1,11 @@
-"""ssd.graphs: a pass on a static cache, the same pass each call, as a graph would replay it (the replay itself is
+"""ssd.bench.graphs: a pass on a static cache, the same pass each call, as a graph would replay it (the replay itself is
 checked on a GPU: tests/test_gpu.py)."""
 import pytest
 import torch
 
-from ssd import graphs
-from ssd.models import tiny_pair
-from ssd.profile import fixed_ids
+from ssd.bench import graphs
+from ssd.models.loading import tiny_pair
+from ssd.models.timing import fixed_ids
 
 
 @pytest.fixture(scope="module")

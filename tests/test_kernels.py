@@ -1,17 +1,17 @@
-"""ssd.kernels: float32 layers multiplied through oneDNN where it is faster. The layer computes what nn.Linear does
+"""ssd.models.kernels: float32 layers multiplied through oneDNN where it is faster. The layer computes what nn.Linear does
 (to float32 rounding), a model keeps its weights and state dict, the choice follows the measured times, and decoding
 through the swapped layers stays lossless: every row of a ragged batch equals AR alone."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ssd import kernels
-from ssd.decoding import DecodeConfig, generate_ar
-from ssd.methods import METHODS
-from ssd.models import tiny_pair
-from ssd.precision import convert
-from ssd.profile import profile_path
-from ssd.ssd import SSDConfig
+from ssd.models import kernels
+from ssd.core.decoding import DecodeConfig, generate_ar
+from ssd.bench.methods import METHODS
+from ssd.models.loading import tiny_pair
+from ssd.models.precision import convert
+from ssd.bench.profile import profile_path
+from ssd.core.speculation import SSDConfig
 
 needs_onednn = pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN linear")
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1, 2], [3], [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [2, 4]]

@@ -1,29 +1,57 @@
-"""The package's layering: imports flow one way, so no module of ssd/ reaches back up to one that imports it."""
+"""The package's layering: subpackages by concern, imports that flow one way, no module that reaches back up to one
+that imports it, and an algorithm (``ssd.core``) that knows nothing of measurement, hardware or the command line."""
 import ast
 import pathlib
 
 import ssd
 
 PACKAGE = pathlib.Path(ssd.__file__).parent
+# The torch-free leaves every layer may import (names, the checks of what a user gives, atomic files).
+LEAVES = ("names", "checks", "files")
+# The subpackages from the bottom up: each may import the leaves and those below it, never one above.
+LAYERS = ("core", "models", "pipeline", "bench", "analysis", "course")
+# The command line and its launchers sit on top of every layer.
+TOP = ("commands", "cli", "__main__", "execute", "torchrun")
 
 
-def imports(path: pathlib.Path) -> set[str]:
+def module_name(path: pathlib.Path) -> str:
+    """ssd/core/verify.py -> "core.verify"; ssd/cli.py -> "cli"; ssd/core/__init__.py -> "core"."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: pathlib.Path, known: set[str]) -> set[str]:
     """The ssd modules a file imports, at its top or inside a function (a local import still makes a cycle)."""
+    here = module_name(path).split(".")
+    package = here if path.stem == "__init__" else here[:-1]  # what a relative import starts from
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level == 1:  # from .x import y, or from . import x, y
-            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-        elif node.level == 0 and node.module and node.module.split(".")[0] == "ssd":
-            parts = node.module.split(".")
-            found.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
-    return found - {path.stem}
+        if node.level:
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+            stem = base + (node.module.split(".") if node.module else [])
+        elif node.module and node.module.split(".")[0] == "ssd":
+            stem = node.module.split(".")[1:]
+        else:
+            continue
+        for alias in node.names:  # `from .bench import stats` imports a module; `from .stats import x` a name
+            candidate = ".".join(stem + [alias.name])
+            found.add(candidate if candidate in known else ".".join(stem))
+    return {m for m in found if m in known} - {module_name(path)}
 
 
 def graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return {p.stem: imports(p) & modules for p in PACKAGE.glob("*.py")}
+    known = set(modules())
+    return {name: imports(path, known) for name, path in modules().items()}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[0]
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -53,42 +81,107 @@ def test_the_cycle_finder_finds_a_cycle_and_accepts_a_chain():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_no_import_cycle_in_the_package():
+def test_the_import_reader_resolves_relative_and_absolute_imports(tmp_path):
     edges = graph()
-    assert {"cli", "pipeline", "methods", "models"} <= set(edges)  # the graph was read, not empty
-    assert "commands" in edges["cli"] and "methods" in edges["commands"] and "pipeline" in edges["methods"]
-    found = cycle(edges)
+    assert "core.verify" in edges["core.decoding"]  # from .verify import ...
+    assert "checks" in edges["core.decoding"]  # from ..checks import ...
+    assert "bench.stats" in edges["commands"]  # from .bench import stats
+
+
+def test_no_import_cycle_in_the_package():
+    found = cycle(graph())
     assert found is None, f"import cycle: {' -> '.join(found)}"
 
 
-def test_the_pipeline_knows_nothing_of_the_command_line():
-    assert not graph()["pipeline"] & {"cli", "commands", "torchrun", "bench", "course", "sweep"}
+def test_at_most_ten_modules_at_the_top_level():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LAYERS)
+
+
+def test_imports_flow_one_way_through_the_layers():
+    """core < models < pipeline < bench < analysis < course < the command line; the leaves below them all."""
+    order = {name: i for i, name in enumerate(LEAVES + LAYERS + TOP)}
+    leaves = set(LEAVES)
+    upward = []
+    for module, deps in graph().items():
+        for dep in deps:
+            here, there = layer(module), layer(dep)
+            if here in leaves and there not in leaves:
+                upward.append(f"{module} -> {dep}")
+            elif here not in leaves and there not in leaves and order[there] > order[here] and here != "__init__":
+                upward.append(f"{module} -> {dep}")
+    assert not upward, "imports against the layers: " + ", ".join(sorted(upward))
+
+
+def test_the_core_imports_only_itself_and_the_leaves():
+    outside = {f"{m} -> {d}" for m, deps in graph().items() if layer(m) == "core"
+               for d in deps if layer(d) not in ("core",) + LEAVES}
+    assert not outside, sorted(outside)
+
+
+def test_the_leaves_do_not_import_torch():
+    for leaf in LEAVES:
+        tree = ast.parse((PACKAGE / f"{leaf}.py").read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "torch" not in names, leaf
+
+
+def test_no_module_level_state_in_the_core_holds_what_a_run_learnt():
+    """What a run on auto learns (calibrators, tuners) is an object the caller holds: no module of ssd.core keeps a
+    weak map, or a mutable dict, list or set under a name that is not a constant's (UPPER_CASE, never written to), at
+    its top level, nor declares a global."""
+    mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+    found = []
+    for name, path in modules().items():
+        if layer(name) != "core":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            value = getattr(node, "value", None)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                constant = all(isinstance(t, ast.Name) and t.id.isupper() for t in targets)
+                if (isinstance(value, mutable) and not constant) or (isinstance(value, ast.Call) and "Weak" in ast.unparse(value.func)):
+                    found.append(f"{name}: {ast.unparse(node)[:60]}")
+        found += [f"{name}: global {', '.join(n.names)}" for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    assert not found, found
+
+
+def test_the_pipeline_knows_nothing_of_the_command_line_nor_the_bench():
+    assert not {d for m, deps in graph().items() if layer(m) == "pipeline" for d in deps
+                if layer(d) in ("bench", "analysis", "course") + TOP}
 
 
 def test_only_the_launchers_import_the_command_line():
     # cli is on top: __main__ (python -m ssd), execute (python -m ssd.execute, a sweep point) and torchrun
     # (python -m ssd.torchrun) only start it.
-    assert sorted(m for m, deps in graph().items() if "cli" in deps) == ["__main__", "execute", "torchrun"]
-    assert not [m for m, deps in graph().items() if deps & {"__main__", "execute", "torchrun"}]  # nothing imports them
+    edges = graph()
+    assert sorted(m for m, deps in edges.items() if "cli" in deps) == ["__main__", "execute", "torchrun"]
+    assert not [m for m, deps in edges.items() if deps & {"__main__", "execute", "torchrun"}]  # nothing imports them
     # and the commands it runs only by the command line, which imports them once its arguments are parsed
-    assert [m for m, deps in graph().items() if "commands" in deps] == ["cli"]
+    assert [m for m, deps in edges.items() if "commands" in deps] == ["cli"]
 
 
 def test_all_drafting_goes_through_the_proposer_interface():
     """The drafting internals (the tree pre-speculation, the n-gram lookup) are called only inside their own module;
-    everything else drafts through propose / observe (ssd.proposers)."""
-    # The tree's home is ssd.tree; ssd drafts with it, and the profile times one depth of it (a measurement, no draft).
-    internals = {"draft_tree": {"tree", "ssd", "profile"}, "branch_drafts": {"ssd"}, "ngram_proposal": {"proposers"}}
-    for path in PACKAGE.glob("*.py"):
-        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
-        names |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
-        outside = {name for name, homes in internals.items() if name in names and path.stem not in homes}
-        assert not outside, f"{path.name} calls {sorted(outside)} outside its module"
+    everything else drafts through propose / observe (ssd.core.proposers)."""
+    # The tree's home is ssd.core.tree; SSD drafts with it, and the profile times one depth of it (a measurement).
+    internals = {"draft_tree": {"core.tree", "core.speculation", "bench.profile"},
+                 "branch_drafts": {"core.speculation"}, "ngram_proposal": {"core.proposers"}}
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        outside = {fn for fn, homes in internals.items() if fn in names and name not in homes}
+        assert not outside, f"{name} calls {sorted(outside)} outside its module"
 
 
 def test_the_pipeline_is_split_by_idea():
     edges = graph()
-    # The lifecycle uses the protocol and the transport; the protocol the transport; the transport neither.
-    assert {"protocol", "transport"} <= edges["pipeline"] and "transport" in edges["protocol"]
-    assert not edges["transport"] & {"protocol", "pipeline", "ssd", "decoding"}
-    assert "pipeline" not in edges["protocol"]
+    # The launch uses the protocol and the transport; the protocol the transport; the transport neither.
+    assert {"pipeline.protocol", "pipeline.transport"} <= edges["pipeline.launch"]
+    assert "pipeline.transport" in edges["pipeline.protocol"]
+    assert not edges["pipeline.transport"] & {"pipeline.protocol", "pipeline.launch"}
+    assert "pipeline.launch" not in edges["pipeline.protocol"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 import transformers
 
-from ssd import gguf_store, models
+from ssd.models import gguf_store, loading as models
 from ssd.files import cache_lock
-from ssd.gguf_store import GGUFSpec, ModelPartError, join_parts
-from ssd.models import check_same_tokenizer, load_pair, tiny_pair
+from ssd.models.gguf_store import GGUFSpec, ModelPartError, join_parts
+from ssd.models.loading import check_same_tokenizer, load_pair, tiny_pair
 
 
 RUN_CACHE_DIR = os.environ.get("SSD_CACHE_DIR")  # read before private_cache replaces it

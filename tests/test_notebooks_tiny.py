@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from ssd.course import course_notebooks
-from ssd.ipc_kernel import execute_notebook
+from ssd.course.notebooks import course_notebooks
+from ssd.course.kernel import execute_notebook
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [os.path.basename(p) for p in course_notebooks(str(ROOT / "notebooks"))]
@@ -41,7 +41,7 @@ def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures
     import json
     import re
 
-    from ssd.models import load_pair
+    from ssd.models.loading import load_pair
 
     precision = load_pair("tiny").precisions.as_dict() | {
         "reason": "auto: timed on another day (float32 1013 ms, bfloat16 467 ms)",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssd.outcomes import (
+from ssd.core.outcomes import (
     Calibrator,
     MissModel,
     PowerLaw,

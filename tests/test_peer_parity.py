@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from ssd import bench
-from ssd.cached_model import CachedModel
-from ssd.decoding import DecodeConfig
-from ssd.methods import METHODS
-from ssd.models import tiny_pair
-from ssd.trace import ForwardClock
+from ssd.bench import run as bench
+from ssd.core.cached_model import CachedModel
+from ssd.core.decoding import DecodeConfig
+from ssd.bench.methods import METHODS
+from ssd.models.loading import tiny_pair
+from ssd.core.trace import ForwardClock
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

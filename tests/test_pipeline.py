@@ -19,19 +19,19 @@ import pandas as pd
 import pytest
 import torch
 
-import ssd.methods
-import ssd.pipeline
-from ssd.bench import run_one, summarize
+import ssd.bench.methods
+import ssd.pipeline.launch
+from ssd.bench.run import run_one, summarize
 from ssd.cli import build_parser, main
 from ssd.commands import setup
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-from ssd.methods import get_method
-from ssd.models import Pair, load_pair, tiny_pair
-from ssd.pipeline import (Pipeline, PipelineConfig, PipelineError, close_pipelines, generate_ssd_pipeline,
+from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.bench.methods import get_method
+from ssd.models.loading import Pair, load_pair, tiny_pair
+from ssd.pipeline.launch import (Pipeline, PipelineConfig, PipelineError, close_pipelines, generate_ssd_pipeline,
                           parse_cores, pipeline_for)
-from ssd.ssd import SSDConfig, generate_ssd
-from ssd.protocol import clock_offset
-from ssd.theory import measured_theorem7
+from ssd.core.speculation import SSDConfig, generate_ssd
+from ssd.pipeline.protocol import clock_offset
+from ssd.core.theory import measured_theorem7
 
 CORES = [str(c) for c in sorted(os.sched_getaffinity(0))]
 VERIFIER, DRAFTER = CORES[0], CORES[-1]  # two cores where there are two; one shared core otherwise
@@ -221,7 +221,7 @@ def test_sd_1core_is_sd_on_one_thread_and_restores_the_thread_count(pair, monkey
         seen.append(torch.get_num_threads())
         return generate_sd(*args)
 
-    monkeypatch.setattr(ssd.methods, "generate_sd", spy)
+    monkeypatch.setattr(ssd.bench.methods, "generate_sd", spy)
     torch.set_num_threads(2)
     try:
         tokens, trace = get_method("sd-1core")(pair, [1, 2, 3], DecodeConfig(max_new_tokens=20), torch.Generator())
@@ -269,7 +269,7 @@ def test_bad_pipeline_arguments_fail_before_a_drafter_starts(pair):
         generate_ssd_pipeline(pair, [1], DecodeConfig(), torch.Generator())
     with pytest.raises(ValueError, match="prompt_ids holds ids outside the vocabulary"):
         generate_ssd_pipeline(pair, [99], config(), torch.Generator())
-    assert ssd.pipeline._cached is None and not ssd.pipeline._open  # none of it started a drafter
+    assert ssd.pipeline.launch._cached is None and not ssd.pipeline.launch._open  # none of it started a drafter
 
 
 def test_cli_refuses_bad_cores_and_an_unknown_pair(capsys):
@@ -327,7 +327,7 @@ def assert_ended(pipeline, started: float, within_s: float):
 def test_a_drafter_that_raises_while_loading_is_reported_with_its_traceback():
     with pytest.raises(PipelineError, match="(?s)exited with code 1.*RuntimeError: the draft failed on purpose"):
         start("raise", 0)
-    assert not ssd.pipeline._open
+    assert not ssd.pipeline.launch._open
 
 
 @pytest.mark.parametrize(
@@ -364,7 +364,7 @@ def test_a_drafter_that_hangs_while_loading_times_out():
     # Starting the interpreter and loading the draft each get load_timeout_s; on a busy machine either may run out.
     with pytest.raises(PipelineError, match="(did not start|no reply) within load_timeout_s=6 s"):
         start("hang", 0, load_timeout_s=6)
-    assert time.monotonic() - started < 15 and not ssd.pipeline._open
+    assert time.monotonic() - started < 15 and not ssd.pipeline.launch._open
 
 
 def test_ctrl_c_in_the_verifier_ends_both_ranks():
@@ -395,7 +395,7 @@ def state(pid: int) -> str | None:
 
 def test_a_drafter_whose_verifier_is_killed_exits_by_itself():
     close_pipelines()
-    script = ("from ssd.models import tiny_pair\nfrom ssd.pipeline import Pipeline\nimport time\n"
+    script = ("from ssd.models.loading import tiny_pair\nfrom ssd.pipeline.launch import Pipeline\nimport time\n"
               "if __name__ == '__main__':\n"
               f"    p = Pipeline(tiny_pair(), verifier_cores='{VERIFIER}', drafter_cores='{DRAFTER}')\n"
               "    print(p.process.pid, flush=True)\n    time.sleep(60)\n")

@@ -1,4 +1,4 @@
-"""ssd.plots on small synthetic frames: the right marks, deterministic PNGs written atomically, token roles."""
+"""ssd.analysis.plots on small synthetic frames: the right marks, deterministic PNGs written atomically, token roles."""
 import hashlib
 import os
 
@@ -12,11 +12,11 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 
-from ssd import plots  # noqa: E402
-from ssd.experiments import mean_ci  # noqa: E402
-from ssd.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
-from ssd.theory import expected_tokens  # noqa: E402
-from ssd.trace import Round, Trace  # noqa: E402
+from ssd.analysis import plots  # noqa: E402
+from ssd.bench.stats import mean_ci  # noqa: E402
+from ssd.core.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
+from ssd.core.theory import expected_tokens  # noqa: E402
+from ssd.core.trace import Round, Trace  # noqa: E402
 
 PROMPTS = ["p0", "p1", "p2"]
 
@@ -347,8 +347,8 @@ def test_roles_match_a_real_trace(method):
     """On a tiny random pair: one role per new token, and each round's target token is the trace's t*."""
     import torch
 
-    from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-    from ssd.models import tiny_pair
+    from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+    from ssd.models.loading import tiny_pair
 
     pair = tiny_pair(agreement_noise=0.2)
     run = generate_ar if method == "ar" else generate_sd
@@ -396,7 +396,7 @@ def test_miss_rate_fit_without_a_single_miss_still_draws(tmp_path):
 
 def spans(method, *blocks, hits=None, backups=None):
     """A trace of `method` whose spans are (round, phase, start, end), with SSD rounds' hits and backups."""
-    from ssd.trace import SSDRound, Span
+    from ssd.core.trace import SSDRound, Span
 
     n = max(b[0] for b in blocks if b[0] is not None) + 1
     rounds = [SSDRound(2, 1, 0, 2, 0.0, 0.0, hit=None if hits is None else hits[i],

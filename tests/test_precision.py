@@ -4,13 +4,13 @@ import json
 import pytest
 import torch
 
-from ssd import models, precision
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-from ssd.lossless import first_difference, identity_report, near_tie_bound
-from ssd.models import load_pair, tiny_pair
-from ssd.precision import (Precisions, candidates, check_precision, choose, convert, precision_of, supported,
+from ssd.models import loading as models, precision
+from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.bench.lossless import first_difference, identity_report, near_tie_bound
+from ssd.models.loading import load_pair, tiny_pair
+from ssd.models.precision import (Precisions, candidates, check_precision, choose, convert, precision_of, supported,
                            weight_bytes)
-from ssd.trace import Round
+from ssd.core.trace import Round
 
 AVX2 = {"cpu": "test cpu", "isa": "AVX2", "flags": ["avx2"], "native": [], "int8_engine": "x86", "cores": 2,
         "torch": torch.__version__}

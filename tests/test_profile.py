@@ -7,14 +7,17 @@ import os
 import pandas as pd
 import pytest
 
-from ssd import bench, experiments
-from ssd import profile as prof
+from ssd.bench import run as bench
+from ssd.analysis import experiments
+from ssd.bench import profile as prof
 from ssd.cli import main
-from ssd.models import load_pair
-from ssd.profile import Profile, cached_profile, forward_ms, measure
-from ssd.decoding import DecodeConfig
-from ssd.ssd import SSDConfig
-from ssd.theory import sd_from_profile, sd_speedup, theorem7_from_profile, theorem7_speedup
+from ssd.models.loading import load_pair
+from ssd.bench.profile import cached_profile, measure
+from ssd.core.latencies import Profile
+from ssd.models.timing import forward_ms
+from ssd.core.decoding import DecodeConfig
+from ssd.core.speculation import SSDConfig
+from ssd.core.theory import sd_from_profile, sd_speedup, theorem7_from_profile, theorem7_speedup
 
 CORES = sorted(os.sched_getaffinity(0))
 V, D = str(CORES[0]), str(CORES[-1])
@@ -63,7 +66,7 @@ def test_profile_round_trips_through_json(pair, tmp_path):
 def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
     """One depth of the curve is draft_tree itself (the draws included), run TREE_DEPTHS deep over n branches that
     each see the whole context; the cache is left as it was."""
-    from ssd import tree as tree_module
+    from ssd.core import tree as tree_module
 
     calls = []
     real = tree_module.draft_tree
@@ -84,7 +87,7 @@ def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
 def test_a_profile_at_batch_b_times_every_pass_over_b_rows(pair, monkeypatch, tmp_path):
     """The target over b rows of n tokens, the tree over B branches of each of b sequences, the glue over b rows; a
     profile at b answers only for b, under its own names; b = 1 keeps the names it always had."""
-    from ssd import tree as tree_module
+    from ssd.core import tree as tree_module
 
     shapes, branches, real_forward, real_tree = [], [], pair.target.forward, tree_module.draft_tree
 
@@ -318,8 +321,8 @@ def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
 def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypatch, tmp_path, private_cache):
     """The backup on auto is the command line's default: a run on a kind of machine the kit has a profile of reads
     it (data/profiles) rather than spend minutes measuring; a fixed run fetches none."""
-    from ssd.pipeline import PipelineConfig
-    from ssd.tuning import with_latencies
+    from ssd.pipeline.launch import PipelineConfig
+    from ssd.core.tuning import with_latencies
 
     measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False)
     store = tmp_path / "profiles"

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from ssd import DecodeConfig, checks, generate_ar, tiny_pair
-from ssd.decoding import batchable
-from ssd.bench import load_rows, run_bench
+from ssd.core.decoding import batchable
+from ssd.bench.run import load_rows, run_bench
 from ssd.cli import main
-from ssd.methods import METHODS
-from ssd.models import ToyTokenizer
-from ssd.prompts import TURN_SEPARATOR, Prompt, encode, first_turns, load_prompts
+from ssd.bench.methods import METHODS
+from ssd.models.loading import ToyTokenizer
+from ssd.bench.prompts import TURN_SEPARATOR, Prompt, encode, first_turns, load_prompts
 
 # Hand-written rows of every Spec-Bench task kind: MT-bench (writing, two turns each), translation, summarization, qa,
 # math_reasoning, rag; 9 rows, categories in file order.

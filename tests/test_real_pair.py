@@ -3,11 +3,11 @@ prompts. (test_real_precision.py: the same pair at reduced precision.)"""
 import pytest
 import torch
 
-from ssd.bench import run_bench
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-from ssd.models import load_pair
-from ssd.prompts import encode, load_prompts
-from ssd.ssd import SSDConfig, generate_ssd
+from ssd.bench.run import run_bench
+from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.models.loading import load_pair
+from ssd.bench.prompts import encode, load_prompts
+from ssd.core.speculation import SSDConfig, generate_ssd
 
 pytestmark = pytest.mark.real
 
@@ -74,7 +74,7 @@ def test_greedy_ssd_is_token_identical_to_the_target(pair, prompts, references, 
 
 
 def test_greedy_pipeline_is_token_identical_to_the_target(pair, prompts, references):
-    from ssd.pipeline import PipelineConfig, close_pipelines, generate_ssd_pipeline
+    from ssd.pipeline.launch import PipelineConfig, close_pipelines, generate_ssd_pipeline
 
     ids, reference = prompts[0], references[0]
     config = PipelineConfig(k=4, max_new_tokens=12, budget=4, fan_out_strategy="calibrated", a_p=0.85, r=1.2)

@@ -2,19 +2,19 @@
 
 A bfloat16 target rounds a pass over K + 1 tokens differently from a one-token pass, so where its top two logits
 nearly tie, SD may append the other token; that is rounding, and the difference must sit at a margin below
-ssd.lossless.near_tie_bound. A wrong residual, an off-by-one in acceptance or a stale cache would differ at margins
+ssd.bench.lossless.near_tie_bound. A wrong residual, an off-by-one in acceptance or a stale cache would differ at margins
 of whole logits instead. bfloat16 and int8 are fixed here (not auto), so every machine tests the same thing; on a CPU
 without native bfloat16 it is slower, not different.
 """
 import pytest
 import torch
 
-from ssd.decoding import DecodeConfig, generate_ar
-from ssd.lossless import greedy_identical, identity_report
-from ssd.models import load_pair
-from ssd.precision import precision_of
-from ssd.prompts import load_prompts
-from ssd.ssd import SSDConfig
+from ssd.core.decoding import DecodeConfig, generate_ar
+from ssd.bench.lossless import greedy_identical, identity_report
+from ssd.models.loading import load_pair
+from ssd.models.precision import precision_of
+from ssd.bench.prompts import load_prompts
+from ssd.core.speculation import SSDConfig
 
 pytestmark = pytest.mark.real
 
@@ -55,8 +55,8 @@ def test_ar_records_the_margin_a_report_reads(pair):
 def test_transformers_peers_run_on_the_same_reduced_precision_models(pair):
     """hf-ar and hf-sd take the pair's own models, bfloat16 target and int8 draft included: every speed-up in one
     bench is over the same model. Their first difference from our AR, if any, sits at a near-tie too."""
-    from ssd.bench import run_bench
-    from ssd.decoding import DecodeConfig
+    from ssd.bench.run import run_bench
+    from ssd.core.decoding import DecodeConfig
 
     result = run_bench(pair, short_prompts()[:1], ["ar", "hf-ar", "hf-sd"], DecodeConfig(max_new_tokens=8),
                        progress=False)

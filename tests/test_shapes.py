@@ -1,14 +1,15 @@
-"""ssd.shapes: the offline pair's architecture with random weights, for timing where its weights are not."""
+"""ssd.models.shapes: the offline pair's architecture with random weights, for timing where its weights are not."""
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ssd import gpu_check, graphs, shapes
-from ssd.gguf_store import ensure_cached
-from ssd.models import PAIRS
-from ssd.theory import expected_tokens
+from ssd.bench import gpu_check, graphs
+from ssd.models import shapes
+from ssd.models.gguf_store import ensure_cached
+from ssd.models.loading import PAIRS
+from ssd.core.theory import expected_tokens
 
 SMALL = {"draft": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2),
@@ -33,7 +34,7 @@ def test_the_stored_architecture_is_the_loaded_models(role):
     keys = list(shapes.ARCHITECTURES["qwen2.5-coder"][role]) + ["vocab_size", "tie_word_embeddings",
                                                                 "max_position_embeddings", "model_type"]
     assert {k: made.get(k) for k in keys} == {k: loaded.get(k) for k in keys}
-    assert loaded["architectures"] == ["Qwen2ForCausalLM"]  # the class ssd.shapes builds
+    assert loaded["architectures"] == ["Qwen2ForCausalLM"]  # the class ssd.models.shapes builds
     assert made["rms_norm_eps"] == pytest.approx(loaded["rms_norm_eps"])
     assert made["rope_parameters"]["rope_theta"] == loaded["rope_parameters"]["rope_theta"]
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 import transformers
 
-from ssd.decoding import DecodeConfig, generate_ar, generate_sd
-from ssd.pair import Pair, sliding_window
-from ssd.ssd import SSDConfig, generate_ssd
-from ssd.tiny import ToyTokenizer
+from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+from ssd.models.pair import Pair, sliding_window
+from ssd.core.speculation import SSDConfig, generate_ssd
+from ssd.models.tiny import ToyTokenizer
 
 VOCAB = 32
 

@@ -5,20 +5,20 @@ import pandas as pd
 import pytest
 import torch
 
-import ssd.proposers
-import ssd.ssd
-import ssd.tree
-from ssd.cache import SpeculationCache
-from ssd.decoding import generate_ar
-from ssd.models import tiny_pair
-from ssd.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
-from ssd.sampling import uniforms
-from ssd.ssd import SSDConfig, Speculator, counterfactual_hits, generate_ssd
-from ssd.trace import counted_lookups, final_rounds
-from ssd.tuning import carried_calibrator, forget_estimates
-from ssd.verify import Verdict
+import ssd.core.proposers
+import ssd.core.speculation
+import ssd.core.tree
+from ssd.core.cache import SpeculationCache
+from ssd.core.decoding import generate_ar
+from ssd.models.loading import tiny_pair
+from ssd.core.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
+from ssd.core.sampling import uniforms
+from ssd.core.speculation import SSDConfig, Speculator, counterfactual_hits, generate_ssd
+from ssd.core.trace import counted_lookups, final_rounds
+from ssd.core.tuning import carried_calibrator, forget_estimates
+from ssd.core.verify import Verdict
 
-from ssd.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
+from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +169,13 @@ def test_sampled_outputs_follow_the_target_distribution(options):
 
 def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(monkeypatch):
     """Saguaro's classic defect: the draft samples from one q and verification uses another."""
-    real = ssd.proposers.draw
+    real = ssd.core.proposers.draw
 
     def sharpened(q, u, greedy):
         return real(q**3, u, greedy)
 
-    monkeypatch.setattr(ssd.proposers, "draw", sharpened)
-    monkeypatch.setattr(ssd.tree, "draw", sharpened)  # the tree pre-speculation draws there
+    monkeypatch.setattr(ssd.core.proposers, "draw", sharpened)
+    monkeypatch.setattr(ssd.core.tree, "draw", sharpened)  # the tree pre-speculation draws there
     assert sampled_fit(dict(budget=6, saguaro_c=0.2, backup="jit")) < ALPHA
 
 

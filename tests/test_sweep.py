@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from ssd import sweep
+from ssd.course import sweep
 from ssd.cli import main
 
 # papermill.inspect_notebook cannot parse the last line (an "=" in its comment); the sweep must still accept sleep_s.

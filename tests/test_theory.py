@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ssd.bench import summarize
-from ssd.theory import (all_hit_rate, critical_batch_size, expected_tokens, measured_theorem7, pipelined_speedup,
+from ssd.bench.run import summarize
+from ssd.core.theory import (all_hit_rate, critical_batch_size, expected_tokens, measured_theorem7, pipelined_speedup,
                         sd_speedup, theorem7_speedup)
 
 

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from ssd.outcomes import Calibrator, PowerLaw
-from ssd.profile import load
-from ssd.theory import expected_tokens
-from ssd.tuning import (choose_sd_k, choose_ssd_k_budget, predicted_hit_rate, sd_tokens_per_s, ssd_tokens_per_s)
+from ssd.core.outcomes import Calibrator, PowerLaw
+from ssd.bench.profile import load
+from ssd.core.theory import expected_tokens
+from ssd.core.tuning import (choose_sd_k, choose_ssd_k_budget, predicted_hit_rate, sd_tokens_per_s, ssd_tokens_per_s)
 
 LAW = PowerLaw(c=0.3, r=1.2)
 

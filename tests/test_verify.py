@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import ssd.verify
-from ssd.sampling import draw, one_hot, probs_from_logits, residual, sample_from_uniform, uniforms
-from ssd.verify import verify
+import ssd.core.verify
+from ssd.core.sampling import draw, one_hot, probs_from_logits, residual, sample_from_uniform, uniforms
+from ssd.core.verify import verify
 
-from ssd.lossless import ALPHA, chi_square_p
+from ssd.bench.lossless import ALPHA, chi_square_p
 
 
 def dist(*values):
@@ -184,7 +184,7 @@ def test_emitted_tokens_follow_the_target_at_every_position():
     ],
 )
 def test_the_statistical_test_catches_a_wrong_residual(monkeypatch, broken):
-    monkeypatch.setattr(ssd.verify, "residual", broken)
+    monkeypatch.setattr(ssd.core.verify, "residual", broken)
     assert min(fit_p_values()) < ALPHA
 
 

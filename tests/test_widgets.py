@@ -1,4 +1,4 @@
-"""ssd.widgets: explorers run at the defaults at once, re-run on a change, and reject bad controls by name."""
+"""ssd.analysis.widgets: explorers run at the defaults at once, re-run on a change, and reject bad controls by name."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from ssd.widgets import budget_explorer, explorer, sd_explorer  # noqa: E402
+from ssd.analysis.widgets import budget_explorer, explorer, sd_explorer  # noqa: E402
 
 
 class Recorder:
