@@ -216,11 +216,13 @@ def cmd_profile(args) -> None:
         profile.save(result, path)
         print(f"wrote {path}", file=sys.stderr)
     if args.figure:
-        from .analysis import plots  # matplotlib only when a figure is asked for
+        import matplotlib.pyplot as plt  # matplotlib only when a figure is asked for
+
+        from .analysis import plots, style
 
         fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
-        print(f"wrote {plots.save(fig, args.figure)}", file=sys.stderr)
-        plots.plt.close(fig)  # a command draws one figure; leave pyplot as it was
+        print(f"wrote {style.save(fig, args.figure)}", file=sys.stderr)
+        plt.close(fig)  # a command draws one figure; leave pyplot as it was
 
 
 def cmd_models(args) -> None:

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import matplotlib.pyplot as plt
 import torch
 
 from ssd.bench import run as bench
@@ -261,7 +262,7 @@ def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
     assert curve.loc[curve.tokens_per_s.idxmax(), "k"] == tuning.choose_sd_k(0.8, toy_profile()).k
     fig = plots.sd_k_speeds(curve, experiments.variant_summary(SUMMARY).query("base == 'sd'"))
     assert len(fig.axes) == 1
-    plots.plt.close(fig)
+    plt.close(fig)
 
 
 def stored_bench(pair, **precision) -> dict:

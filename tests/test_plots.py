@@ -12,7 +12,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 
-from ssd.analysis import plots  # noqa: E402
+from ssd.analysis import plots, style, timeline, tokens  # noqa: E402
+from ssd.core.trace import token_roles  # noqa: E402
 from ssd.bench.stats import mean_ci  # noqa: E402
 from ssd.core.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
 from ssd.core.theory import expected_tokens  # noqa: E402
@@ -32,7 +33,7 @@ def errorbars(fig):
 
 
 def png_digest(fig, tmp_path, name="fig.png"):
-    path = plots.save(fig, tmp_path / "out" / name)
+    path = style.save(fig, tmp_path / "out" / name)
     assert os.path.getsize(path) > 0
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert not [f for f in os.listdir(tmp_path / "out") if f.startswith(".tmp-")]
@@ -63,11 +64,11 @@ def hit_frame():
 
 def test_save_creates_folder_atomically_and_rejects_other_formats(tmp_path):
     fig = plots.acceptance_vs_k(acceptance_frame())
-    path = plots.save(fig, tmp_path / "a" / "b" / "acc.png")
+    path = style.save(fig, tmp_path / "a" / "b" / "acc.png")
     assert path == str(tmp_path / "a" / "b" / "acc.png") and os.path.getsize(path) > 0
     assert os.listdir(tmp_path / "a" / "b") == ["acc.png"]
     with pytest.raises(ValueError, match="png"):
-        plots.save(fig, tmp_path / "acc.pdf")
+        style.save(fig, tmp_path / "acc.pdf")
 
 
 def test_acceptance_vs_k_hue_and_ci(tmp_path):
@@ -77,7 +78,7 @@ def test_acceptance_vs_k_hue_and_ci(tmp_path):
     assert len(bars) == 2  # one series per temperature
     ax = fig.axes[0]
     assert ax.get_xlabel() == "draft length K" and ax.get_ylabel() == "acceptance rate a"
-    assert ax.get_legend().get_title().get_text() == f"temperature\n({plots.RATE_CI_LABEL})"
+    assert ax.get_legend().get_title().get_text() == f"temperature\n({style.RATE_CI_LABEL})"
     # The drawn means and bars are mean_ci's, over prompts.
     line = bars[0].lines[0]
     expected = mean_ci(frame[frame.temperature == 0.0], "k", "acceptance_rate").sort_values("k")
@@ -205,7 +206,7 @@ def test_saguaro_pareto(tmp_path):
     assert len(bars) == 4 and all(b.has_xerr and b.has_yerr for b in bars)  # one point per C
     # Told apart by the legend, not by text beside the points (which overlapped where Cs lie close).
     assert [b.get_label() for b in bars] == ["C = 1", "C = 0.5", "C = 0.25", "C = 0"] and not ax.texts
-    assert ax.get_legend().get_title().get_text() == plots.RATE_CI_LABEL
+    assert ax.get_legend().get_title().get_text() == style.RATE_CI_LABEL
     assert min(ax.get_xlim()[0], ax.get_ylim()[0]) >= -0.02 and max(ax.get_xlim()[1], ax.get_ylim()[1]) <= 1.02
     (front,) = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto front"]
     np.testing.assert_allclose(front.get_xdata(), [0.51, 0.69, 0.71])
@@ -224,7 +225,7 @@ def test_wall_clock_order_and_prediction():
     assert len(errorbars(fig)) == 1
     (pred,) = [ln for ln in ax.get_lines() if "Theorem 7" in ln.get_label()]
     assert list(pred.get_xdata()) == [2] and list(pred.get_ydata()) == [27.0]
-    assert plots.CI_LABEL in ax.get_title()
+    assert style.CI_LABEL in ax.get_title()
     # Without predictions: bars only, and no legend (it would say nothing the title does not).
     fig = plots.wall_clock(pd.DataFrame(rows).drop(columns="predicted_tokens_per_s"))
     assert not [ln for ln in fig.axes[0].get_lines() if "Theorem 7" in ln.get_label()]
@@ -233,7 +234,7 @@ def test_wall_clock_order_and_prediction():
     fig = plots.wall_clock(pd.DataFrame([r for r in rows if r["prompt_id"] != "p2"]))
     (bar,) = errorbars(fig)
     assert all(np.isnan(c.get_ydata().astype(float)).all() for c in bar.lines[1])
-    assert plots.NO_CI_LABEL in fig.axes[0].get_title()
+    assert style.NO_CI_LABEL in fig.axes[0].get_title()
 
 
 def test_a_method_keeps_its_colour_whatever_else_a_figure_holds():
@@ -248,10 +249,10 @@ def test_a_method_keeps_its_colour_whatever_else_a_figure_holds():
     other = bar_colours(plots.wall_clock(rows(["ssd-pipeline", "hf-ar", "sd"])))
     assert one[1] == other[2] and one[2] == other[0]  # sd and the pipeline, wherever they stand
     assert len(set(one + other)) == 4
-    colours = plots.method_colours(["ar", "ar:batch_size=8", "ar:batch_size=16", "sd", "mine", "ar"])
-    assert colours["ar"] == plots.method_colours(["ar"])["ar"]
+    colours = style.method_colours(["ar", "ar:batch_size=8", "ar:batch_size=16", "sd", "mine", "ar"])
+    assert colours["ar"] == style.method_colours(["ar"])["ar"]
     assert len({colours[m] for m in ("ar", "ar:batch_size=8", "ar:batch_size=16")}) == 3  # variants: shades of it
-    assert colours["mine"] not in [plots.method_colours([m])[m] for m in plots.METHOD_COLOURS]
+    assert colours["mine"] not in [style.method_colours([m])[m] for m in style.METHOD_COLOURS]
     # The speed-ups figure (notebook 06) colours a method as the wall clock (notebook 05) does.
     speed = pd.DataFrame([{"method": m, "prompt_id": p, "speedup": 1.0} for m in ("ssd-pipeline", "sd")
                           for p in PROMPTS])
@@ -288,23 +289,23 @@ def frame(*rounds):
 
 
 def test_roles_autoregressive():
-    assert plots.token_roles(frame((0, 0, 1), (0, 0, 1), (0, 0, 1))) == ["target"] * 3
+    assert token_roles(frame((0, 0, 1), (0, 0, 1), (0, 0, 1))) == ["target"] * 3
 
 
 def test_roles_sd_full_accept_and_rejection():
-    assert plots.token_roles(frame((3, 3, 4))) == ["accepted"] * 3 + ["bonus"]
-    assert plots.token_roles(frame((3, 1, 2), (3, 0, 1))) == ["accepted", "recovered", "recovered"]
+    assert token_roles(frame((3, 3, 4))) == ["accepted"] * 3 + ["bonus"]
+    assert token_roles(frame((3, 1, 2), (3, 0, 1))) == ["accepted", "recovered", "recovered"]
     # K = 0 in an SD round near max_new_tokens: a plain target token.
-    assert plots.token_roles(frame((2, 2, 3), (0, 0, 1))) == ["accepted"] * 2 + ["bonus", "target"]
+    assert token_roles(frame((2, 2, 3), (0, 0, 1))) == ["accepted"] * 2 + ["bonus", "target"]
 
 
 def test_roles_cut_by_eos_or_max_new_tokens():
     # EOS among the accepted tokens: the round ends there, no target token.
-    assert plots.token_roles(frame((4, 3, 2))) == ["accepted", "accepted"]
+    assert token_roles(frame((4, 3, 2))) == ["accepted", "accepted"]
     # All accepted but max_new_tokens leaves no room for the bonus.
-    assert plots.token_roles(frame((3, 3, 3))) == ["accepted"] * 3
+    assert token_roles(frame((3, 3, 3))) == ["accepted"] * 3
     with pytest.raises(ValueError, match="round 1"):
-        plots.token_roles(frame((3, 1, 2), (3, 1, 3)))
+        token_roles(frame((3, 1, 2), (3, 1, 3)))
 
 
 class CharTokenizer:
@@ -318,7 +319,7 @@ def test_coloured_tokens_html_escapes_and_keeps_newlines():
     text = "a<b\n&c"
     ids = [ord(ch) for ch in text]
     rounds = frame((3, 2, 3), (3, 3, 3))  # accepted accepted recovered, accepted x3 (cut)
-    out = plots.coloured_tokens(CharTokenizer(), ids, rounds)
+    out = tokens.coloured_tokens(CharTokenizer(), ids, rounds)
     body = out.data
     assert "&lt;" in body and "<b" not in body.replace("<b>", "") and "&amp;" in body
     assert "white-space:pre-wrap" in body and "\n" in body
@@ -326,7 +327,7 @@ def test_coloured_tokens_html_escapes_and_keeps_newlines():
         assert f"ssd-{role}" in body  # legend names every role
     assert body.count('class="ssd-recovered"') == 2  # the legend entry and one token
     with pytest.raises(ValueError, match="6 new tokens"):
-        plots.coloured_tokens(CharTokenizer(), ids[:-1], rounds)
+        tokens.coloured_tokens(CharTokenizer(), ids[:-1], rounds)
 
 
 class ByteTokenizer:
@@ -338,8 +339,8 @@ class ByteTokenizer:
 
 def test_token_pieces_give_a_split_character_to_the_token_completing_it():
     ids = list("é!".encode())
-    assert plots.token_pieces(ByteTokenizer(), ids) == ["", "é", "!"]
-    assert plots.token_pieces(None, [5, 6]) == ["5 ", "6 "]
+    assert tokens.token_pieces(ByteTokenizer(), ids) == ["", "é", "!"]
+    assert tokens.token_pieces(None, [5, 6]) == ["5 ", "6 "]
 
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
@@ -352,18 +353,18 @@ def test_roles_match_a_real_trace(method):
 
     pair = tiny_pair(agreement_noise=0.2)
     run = generate_ar if method == "ar" else generate_sd
-    tokens, trace = run(pair, [1, 2, 3], DecodeConfig(k=3, temperature=0.0, max_new_tokens=23),
+    new, trace = run(pair, [1, 2, 3], DecodeConfig(k=3, temperature=0.0, max_new_tokens=23),
                         torch.Generator().manual_seed(0))
-    roles = plots.token_roles(trace)
-    assert len(roles) == len(tokens)
+    roles = token_roles(trace)
+    assert len(roles) == len(new)
     # SD here: 23 tokens in rounds with accepted, recovered and bonus tokens, the last round K = 0 (a target token).
     assert set(roles) == ({"target"} if method == "ar" else {"accepted", "recovered", "bonus", "target"})
     ends = np.cumsum([r.new_tokens for r in trace.rounds]) - 1
     for r, end in zip(trace.rounds, ends):
         if r.new_tokens > r.accepted:
-            assert tokens[end] == r.token and roles[end] != "accepted"
-    html = plots.coloured_tokens(None, tokens, trace.to_frame()).data
-    assert html.count("<span") == len(tokens) + 4
+            assert new[end] == r.token and roles[end] != "accepted"
+    html = tokens.coloured_tokens(None, new, trace.to_frame()).data
+    assert html.count("<span") == len(new) + 4
 
 
 def test_rate_intervals_stay_in_0_1_and_none_is_drawn_from_fewer_than_3_prompts():
@@ -375,14 +376,14 @@ def test_rate_intervals_stay_in_0_1_and_none_is_drawn_from_fewer_than_3_prompts(
     tops = np.max([c.get_ydata() for c in bar.lines[1]], axis=0)
     bottoms = np.min([c.get_ydata() for c in bar.lines[1]], axis=0)
     assert (tops <= 1.0).all() and (bottoms >= 0.0).all() and np.isclose(tops, 1.0).all()
-    assert plots.RATE_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
+    assert style.RATE_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
     # Two prompts: no interval (not even a cap of zero length), and the legend says why.
     fig = plots.hit_rate_vs_budget(frame[frame.prompt_id != "p2"])
     (bar,) = errorbars(fig)
     assert all(np.isnan(c.get_ydata().astype(float)).all() for c in bar.lines[1])
-    assert plots.NO_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
+    assert style.NO_CI_LABEL in fig.axes[0].get_legend().get_title().get_text()
     # A speed-up is not a rate: its interval is not clipped.
-    assert plots.ci_label(plots.summarise(frame, "budget", "hit_rate")) == plots.CI_LABEL
+    assert style.ci_label(style.summarise(frame, "budget", "hit_rate")) == style.CI_LABEL
 
 
 def test_miss_rate_fit_without_a_single_miss_still_draws(tmp_path):
@@ -412,7 +413,7 @@ def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
                  (1, "wait_s", 2.5, 3.0), (1, "prespec_s", 2.0, 2.6), (1, "draft_s", 2.6, 3.0),
                  (2, "verify_s", 3.0, 3.5), (2, "draft_s", 3.5, 3.6),
                  hits=[True, False, False], backups=[None, "jit", None])
-    fig = plots.timeline([sd, pipe])
+    fig = timeline.timeline([sd, pipe])
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [
         "ssd-pipeline: verifier (rank 0)", "ssd-pipeline: drafter (rank 1)", "sd: target", "sd: draft"]
@@ -425,12 +426,12 @@ def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
     assert [(ln.get_xdata()[0], ln.get_marker()) for ln in marks] == [(1.7, "^"), (2.5, "x")]
     png_digest(fig, tmp_path)
     # The first round only; a frame of spans draws as its traces do.
-    fig = plots.timeline(pd.concat([sd.spans_frame(), pipe.spans_frame()]), rounds=1)
+    fig = timeline.timeline(pd.concat([sd.spans_frame(), pipe.spans_frame()]), rounds=1)
     assert len(fig.axes[0].collections) == 8 and fig.axes[0].get_xlim()[1] < 2.5
     with pytest.raises(ValueError, match="rounds must be at least 1"):
-        plots.timeline(sd, rounds=0)
+        timeline.timeline(sd, rounds=0)
     with pytest.raises(ValueError, match="missing"):
-        plots.timeline(sd.spans_frame().drop(columns="lane"))
+        timeline.timeline(sd.spans_frame().drop(columns="lane"))
 
 
 def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover(tmp_path):
@@ -440,7 +441,7 @@ def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover
                     ar_total=[3, 5, 7, 9, 10])
     fig = plots.batch_study(summary, "set", {"measured": 4, "predicted": 16})
     total, decode, sequence, hits = fig.axes[:4]
-    colours = plots.method_colours(pd.unique(summary["label"]))
+    colours = style.method_colours(pd.unique(summary["label"]))
     drawn = {line.get_label().split(", ")[0]: line.get_color() for line in decode.get_lines()
              if line.get_label().endswith("measured") and not line.get_label().startswith("b*")}
     assert set(drawn) == set(colours) and all(tuple(c) == tuple(colours[m]) for m, c in drawn.items())
@@ -449,5 +450,5 @@ def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover
         "b* predicted (fast backup reaches jit)"}
     assert all(0 <= y <= 1 for line in hits.get_lines() for y in line.get_ydata())  # rates stay rates
     assert total.get_xscale() == "log" and list(total.get_xticks()) == [1, 2, 4, 8, 16]
-    plots.save(fig, tmp_path / "study.png")
+    style.save(fig, tmp_path / "study.png")
     assert (tmp_path / "study.png").stat().st_size > 0

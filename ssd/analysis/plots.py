@@ -1,194 +1,24 @@
-"""Figures drawn from the tidy DataFrames of `ssd.analysis.experiments`; every function returns a matplotlib Figure.
-
-Error bars are 95% Student-t confidence intervals over prompts (`ssd.bench.stats.mean_ci`), never seaborn's
-bootstrap, so a figure is a deterministic function of its frame. Where a frame holds several rows per prompt and
-setting (seeds, rounds), they are averaged per prompt first: the sample is the prompts. A rate's interval is clipped
-to [0, 1]. A group of fewer than 3 prompts has no interval: it is drawn without an error bar, and the legend says so.
-
-The style (seaborn "whitegrid", one palette) is applied while a figure is built, without touching the global
-rcParams. `save` writes a PNG atomically; `coloured_tokens` renders a generated text coloured by each token's role.
+"""Figures drawn from the tidy DataFrames of `ssd.analysis.experiments`, by topic: SD's acceptance and tokens per
+round; SSD's hit rates, miss-rate power law, a_p and Saguaro; wall clock and speed-ups; the latency profile; K and B on
+auto; the batch-size study. Every function returns a matplotlib Figure, drawn in the kit's style
+(`ssd.analysis.style`: one colour per method, 95% intervals over prompts). The timeline and the coloured text have
+modules of their own (`ssd.analysis.timeline`, `ssd.analysis.tokens`).
 """
 from __future__ import annotations
 
-import html
-import itertools
 import math
-import os
-from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..bench.stats import MIN_CI_N, RATES, mean_ci
+from ..bench.stats import MIN_CI_N
 from .experiments import fitted_a_p
-from ..files import atomic_path
 from ..core.outcomes import fit_miss_rate, miss_rates, outcome_probabilities
 from ..core.theory import expected_tokens
-from ..core.trace import token_roles
-from ..core.verify import ROLES
-
-PALETTE = "colorblind"
-FIGSIZE = (7.0, 4.5)
-DPI = 120
-LEVEL = 0.95
-CI_LABEL = "mean ± 95% CI over prompts"
-RATE_CI_LABEL = "mean ± 95% CI over prompts, clipped to [0, 1]"
-NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompts"
-
-# One colour per method through the whole course (colorblind palette): the baselines in earth tones, SD in blues,
-# SSD in orange and green. A variant ("ar:batch_size=8", "ssd-pipeline:backup=fast") takes its method's hue, in a
-# shade of its own where several variants of one method share a figure.
-METHOD_COLOURS = {"ar": 7, "hf-ar": 5, "sd": 0, "sd-1core": 9, "hf-sd": 4, "ssd": 1, "ssd-pipeline": 2}
-
-# The timeline's phases (ssd.core.trace.Span) and their colours; a drafted round's draft_s is the draft model's steps in
-# SD, the lookup (a hit) or the backup (a miss) in SSD.
-PHASE_COLOURS = {"prompts' pass": "#bdbdbd", "verify": "#3b75af", "wait": "#ececec", "draft steps": "#ef8636",
-                 "pre-speculation": "#8e6cc0", "lookup": "#55a868", "backup (jit)": "#c44e52",
-                 "backup (fast)": "#e3a0a3"}
-
-# Token roles (ssd.core.verify.ROLES) and their colours (backgrounds, light enough to read black text on).
-ROLE_COLOURS = {"accepted": "#b7e4b0", "recovered": "#ffcc80", "bonus": "#a8d1f5", "target": None}
-ROLE_HELP = {
-    "accepted": "drafted token the target accepted",
-    "recovered": "target token from the residual at the first rejection",
-    "bonus": "target token after all K drafted tokens were accepted",
-    "target": "token of a round that drafted nothing (autoregressive)",
-}
-
-
-# --- style and shared helpers ---------------------------------------------------------------------------------------
-
-def style() -> dict:
-    """The rcParams every figure here is built under: seaborn whitegrid, notebook context, one palette."""
-    from cycler import cycler
-
-    return {
-        **sns.axes_style("whitegrid"),
-        **sns.plotting_context("notebook"),
-        "axes.prop_cycle": cycler(color=sns.color_palette(PALETTE)),
-        "figure.figsize": FIGSIZE,
-    }
-
-
-@contextmanager
-def _styled():
-    with plt.rc_context(style()):
-        yield
-
-
-def _fmt(value) -> str:
-    return f"{value:g}" if isinstance(value, (int, float, np.number)) else str(value)
-
-
-def colours(n: int) -> list:
-    return sns.color_palette(PALETTE, max(n, 1))
-
-
-def method_colours(methods) -> dict[str, tuple]:
-    """The colour of each method name (or variant) in `methods`: its method's, from METHOD_COLOURS; the second and
-    later variants of one method darker by turns. A method the kit does not name takes a colour left over."""
-    palette = sns.color_palette(PALETTE, 10)
-    spare = itertools.cycle([c for i, c in enumerate(palette) if i not in METHOD_COLOURS.values()])
-    hues, shades, out = {}, {}, {}
-    for name in dict.fromkeys(str(m) for m in methods):
-        base = name.split(":")[0]
-        if base not in hues:
-            hues[base] = palette[METHOD_COLOURS[base]] if base in METHOD_COLOURS else next(spare)
-        n = shades[base] = shades.get(base, -1) + 1
-        out[name] = tuple(float(c) * (1 - 0.22 * (n % 4)) for c in hues[base])
-    return out
-
-
-def _check(frame: pd.DataFrame, columns, name: str, allow_empty: bool = False) -> pd.DataFrame:
-    if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"{name} needs a pandas DataFrame, got {type(frame).__name__}")
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{name} needs columns {list(columns)}; missing {missing} (has {list(frame.columns)})")
-    if frame.empty and not allow_empty:
-        raise ValueError(f"{name} got an empty frame")
-    return frame
-
-
-def _order(values) -> list:
-    """Distinct values in order of first appearance (categories first for an ordered categorical)."""
-    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
-        present = set(values)
-        return [c for c in values.cat.categories if c in present]
-    return list(pd.unique(pd.Series(values).dropna()))
-
-
-def summarise(frame: pd.DataFrame, by, value: str) -> pd.DataFrame:
-    """One mean per (by..., prompt), then mean ± CI over prompts per `by` group, with error-bar half-widths.
-
-    Columns: by..., mean, ci_low, ci_high, n, err_low, err_high (0 where one prompt gives no interval).
-    """
-    by = [by] if isinstance(by, str) else list(by)
-    frame = frame.assign(**{value: frame[value].astype(float)})  # None (e.g. AR's acceptance rate) -> NaN
-    per_prompt = frame.groupby([*by, "prompt_id"], sort=False, observed=True)[value].mean().reset_index()
-    per_prompt = per_prompt[per_prompt[value].notna()]  # a prompt with no value is no sample
-    if per_prompt.empty:
-        raise ValueError(f"no {value} values to average (every row is None/NaN)")
-    out = mean_ci(per_prompt, by, value, level=LEVEL)
-    out["err_low"] = (out["mean"] - out["ci_low"]).fillna(0.0)
-    out["err_high"] = (out["ci_high"] - out["mean"]).fillna(0.0)
-    return out
-
-
-def ci_label(*summaries: pd.DataFrame, value: str | None = None) -> str:
-    """What the error bars of these summarise() frames are: an interval (clipped for a rate) or, where a group had
-    too few prompts, none."""
-    if any((s["n"] < MIN_CI_N).any() for s in summaries):
-        return NO_CI_LABEL
-    return RATE_CI_LABEL if value in RATES else CI_LABEL
-
-
-def _legend_outside(ax, title: str | None = None):
-    """The legend right of the axes: its labels say what the error bars are, which makes it too long to sit on the
-    data without hiding some."""
-    return ax.legend(title=title, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
-                     title_fontsize="small")
-
-
-def _dodge(ax, x, i: int, n: int, share: float = 0.08):
-    """x of series i of n shifted sideways so error bars at one x do not overlap, on the axis's scale (linear, log,
-    symlog: set the scale first). The shift is a small share of the smallest gap between x values; the data stay in
-    data coordinates, so autoscaling still sees them."""
-    x = np.asarray(x, dtype=float)
-    if n <= 1 or len(x) == 0:
-        return x
-    scale = ax.xaxis.get_transform()
-    scaled = scale.transform(x.reshape(-1, 1)).ravel()
-    distinct = np.unique(scaled)
-    gap = np.diff(distinct).min() if len(distinct) > 1 else 1.0
-    shifted = scaled + (i - (n - 1) / 2) * share * gap
-    return scale.inverted().transform(shifted.reshape(-1, 1)).ravel()
-
-
-def _yerr(s: pd.DataFrame, suffix: str = "") -> np.ndarray:
-    """Error-bar half-widths [2, groups] of summarise() rows; NaN where a group has no interval (fewer than
-    MIN_CI_N prompts), which draws nothing there rather than a cap of zero length."""
-    err = s[[f"err_low{suffix}", f"err_high{suffix}"]].to_numpy(float).T.copy()
-    err[:, ~(s[f"n{suffix}"].to_numpy(float) >= MIN_CI_N)] = np.nan
-    return err
-
-
-def _errorbar(ax, x, s: pd.DataFrame, *, label: str, colour, fmt="o-", **kw):
-    yerr = _yerr(s)
-    return ax.errorbar(np.asarray(x, dtype=float), s["mean"].to_numpy(float), yerr=yerr, fmt=fmt, capsize=4,
-                       color=colour, label=label, **kw)
-
-
-def save(fig, path) -> str:
-    """Write `fig` as a PNG (dpi 120, tight box) atomically, creating the folder; returns the path."""
-    path = os.fspath(path)
-    if os.path.splitext(path)[1].lower() != ".png":
-        raise ValueError(f"path must end in .png (save writes a PNG), got {path!r}")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-    return path
+from .style import (check_frame, ci_label, colours, dodge, error_bars, errorbar, format_value, legend_outside,
+                    method_colours, ordered, styled, summarise)
 
 
 # --- SD: acceptance and tokens per round ----------------------------------------------------------------------------
@@ -196,20 +26,20 @@ def save(fig, path) -> str:
 def acceptance_vs_k(frame: pd.DataFrame, column: str = "acceptance_rate"):
     """Acceptance rate a against draft length K; columns k, prompt_id, `column` (accepted / drafted, or a_p =
     accepted / tested), optional temperature (hue)."""
-    _check(frame, ["k", "prompt_id", column], "acceptance_vs_k")
+    check_frame(frame, ["k", "prompt_id", column], "acceptance_vs_k")
     hue = "temperature" if "temperature" in frame.columns else None
-    groups = [(None, frame)] if hue is None else [(t, frame[frame[hue] == t]) for t in sorted(_order(frame[hue]))]
-    with _styled():
+    groups = [(None, frame)] if hue is None else [(t, frame[frame[hue] == t]) for t in sorted(ordered(frame[hue]))]
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(len(groups))
         summaries = [summarise(g, "k", column).sort_values("k") for _, g in groups]
         bars = ci_label(*summaries, value="acceptance_rate")
         for i, ((t, _), s) in enumerate(zip(groups, summaries)):
-            _errorbar(ax, _dodge(ax, s["k"], i, len(groups)), s, label=bars if hue is None else _fmt(t), colour=pal[i])
-        ax.set_xticks(sorted(_order(frame["k"])))
+            errorbar(ax, dodge(ax, s["k"], i, len(groups)), s, label=bars if hue is None else format_value(t), colour=pal[i])
+        ax.set_xticks(sorted(ordered(frame["k"])))
         ax.set(xlabel="draft length K", ylabel="acceptance rate a", ylim=(0, 1.05),
                title="Acceptance rate a vs draft length K")
-        _legend_outside(ax, f"temperature\n({bars})" if hue else None)
+        legend_outside(ax, f"temperature\n({bars})" if hue else None)
     return fig
 
 
@@ -222,7 +52,7 @@ def tokens_per_round(frame: pd.DataFrame, a_by: str = "k", column: str = "accept
     rejection are never tested), which a_p = accepted / tested is not; rounds cut by EOS or max_new_tokens add fewer
     tokens, so measured and theory need not coincide.
     """
-    _check(frame, ["k", "prompt_id", "tokens_per_round", column], "tokens_per_round")
+    check_frame(frame, ["k", "prompt_id", "tokens_per_round", column], "tokens_per_round")
     if a_by not in ("k", "overall"):
         raise ValueError(f"a_by must be 'k' (a per K) or 'overall' (one a for all K), got {a_by!r}")
     measured = summarise(frame, "k", "tokens_per_round").sort_values("k")
@@ -236,15 +66,15 @@ def tokens_per_round(frame: pd.DataFrame, a_by: str = "k", column: str = "accept
     else:
         theory = [expected_tokens(float(a[k]), int(k)) for k in ks]
         theory_label = "theory (1 − a^(K+1)) / (1 − a), a measured at each K"
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(2)
-        _errorbar(ax, ks, measured, label=f"measured, {ci_label(measured)}", colour=pal[0])
+        errorbar(ax, ks, measured, label=f"measured, {ci_label(measured)}", colour=pal[0])
         ax.plot(ks, theory, "s--", color=pal[1], label=theory_label)
         ax.set_xticks(ks)
         ax.set(xlabel="draft length K", ylabel="tokens per round", ylim=(0, None),
                title="Tokens per round vs draft length K")
-        _legend_outside(ax)
+        legend_outside(ax)
     return fig
 
 
@@ -255,18 +85,18 @@ def accepted_histogram(rounds: pd.DataFrame, k: int | None = None):
     per-token acceptance rate of those rounds, accepted / tested (`ssd.analysis.experiments.fitted_a_p`: a round tests k + 1
     drafted tokens when one is rejected and K when all are accepted).
     """
-    _check(rounds, ["accepted", "draft_len"], "accepted_histogram")
+    check_frame(rounds, ["accepted", "draft_len"], "accepted_histogram")
     big_k = int(rounds["draft_len"].max()) if k is None else int(k)
     if big_k <= 0:
         raise ValueError(f"accepted_histogram needs rounds that drafted tokens (K >= 1); got K = {big_k}")
     sub = rounds[rounds["draft_len"] == big_k]
     if sub.empty:
-        seen = sorted(_order(rounds["draft_len"]))
+        seen = sorted(ordered(rounds["draft_len"]))
         raise ValueError(f"no round drafted K = {big_k} tokens (draft_len values: {seen})")
     a = fitted_a_p(sub)
     kk = np.arange(big_k + 1)
     fraction = sub["accepted"].astype(int).value_counts(normalize=True).reindex(kk, fill_value=0.0).to_numpy()
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(2)
         ax.bar(kk, fraction, color=pal[0], alpha=0.85, label=f"measured ({len(sub)} rounds, mean k = "
@@ -287,23 +117,23 @@ def hit_rate_vs_budget(frame: pd.DataFrame):
 
     Columns prompt_id, strategy, budget, hit_rate: what `ssd.analysis.experiments.hit_rate_curves` returns.
     """
-    _check(frame, ["prompt_id", "strategy", "budget", "hit_rate"], "hit_rate_vs_budget")
-    strategies = _order(frame["strategy"])
-    budgets = sorted(_order(frame["budget"]))
-    with _styled():
+    check_frame(frame, ["prompt_id", "strategy", "budget", "hit_rate"], "hit_rate_vs_budget")
+    strategies = ordered(frame["strategy"])
+    budgets = sorted(ordered(frame["budget"]))
+    with styled():
         fig, ax = plt.subplots()
         ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
         pal = colours(len(strategies))
         summaries = [summarise(frame[frame["strategy"] == strategy], "budget", "hit_rate").sort_values("budget")
                      for strategy in strategies]
         for i, (strategy, s) in enumerate(zip(strategies, summaries)):
-            _errorbar(ax, _dodge(ax, s["budget"], i, len(strategies)), s, label=str(strategy), colour=pal[i])
+            errorbar(ax, dodge(ax, s["budget"], i, len(strategies)), s, label=str(strategy), colour=pal[i])
         ax.set_xticks(budgets)
-        ax.set_xticklabels([_fmt(b) for b in budgets])
+        ax.set_xticklabels([format_value(b) for b in budgets])
         ax.minorticks_off()
         ax.set(xlabel="budget B (cached outcomes)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs budget B")
-        _legend_outside(ax, f"fan-out\n({ci_label(*summaries, value='hit_rate')})")
+        legend_outside(ax, f"fan-out\n({ci_label(*summaries, value='hit_rate')})")
     return fig
 
 
@@ -333,7 +163,7 @@ def miss_rate_fit(ranks, max_f: int = 32):
         raise ValueError(f"ranks are 1-based; got a rank of {clean.min()}")
     f, miss = miss_rates(clean, max_f)
     fit = fit_miss_rate(clean, max_f)
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(2)
         pos = miss > 0
@@ -358,20 +188,20 @@ def ap_sensitivity(frame: pd.DataFrame, fitted_a_p: float | None = None):
     """Hit rate against the a_p the geometric fan-out assumes; columns assumed_a_p, prompt_id, hit_rate, optional
     strategy (hue). Rows with strategy == "uniform" (which assumes nothing) become a dashed reference line with its
     CI band; fitted_a_p, if given, a vertical line."""
-    _check(frame, ["assumed_a_p", "prompt_id", "hit_rate"], "ap_sensitivity")
+    check_frame(frame, ["assumed_a_p", "prompt_id", "hit_rate"], "ap_sensitivity")
     has_strategy = "strategy" in frame.columns
     uniform = frame[frame["strategy"] == "uniform"] if has_strategy else frame.iloc[:0]
     rest = frame[frame["strategy"] != "uniform"] if has_strategy else frame
     rest = rest[rest["assumed_a_p"].notna()]
-    groups = [(s, rest[rest["strategy"] == s]) for s in _order(rest["strategy"])] if has_strategy else [(None, rest)]
-    with _styled():
+    groups = [(s, rest[rest["strategy"] == s]) for s in ordered(rest["strategy"])] if has_strategy else [(None, rest)]
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(len(groups) + 2)
         summaries = [summarise(g, "assumed_a_p", "hit_rate").sort_values("assumed_a_p") for _, g in groups]
         bars = ci_label(*summaries, value="hit_rate")
         for i, ((strategy, _), s) in enumerate(zip(groups, summaries)):
             label = bars if strategy is None else str(strategy)
-            _errorbar(ax, _dodge(ax, s["assumed_a_p"], i, len(groups)), s, label=label, colour=pal[i])
+            errorbar(ax, dodge(ax, s["assumed_a_p"], i, len(groups)), s, label=label, colour=pal[i])
         if not uniform.empty:
             u = summarise(uniform.assign(_all=0), "_all", "hit_rate").iloc[0]
             grey = "0.35"
@@ -382,7 +212,7 @@ def ap_sensitivity(frame: pd.DataFrame, fitted_a_p: float | None = None):
             ax.axvline(fitted_a_p, ls=":", color=pal[len(groups)], label=f"fitted a_p = {fitted_a_p:.2f}")
         ax.set(xlabel="assumed a_p (geometric fan-out)", ylabel="hit rate", ylim=(0, 1.05),
                title="Hit rate vs the a_p the fan-out assumes")
-        _legend_outside(ax, f"fan-out\n({bars})" if has_strategy else None)
+        legend_outside(ax, f"fan-out\n({bars})" if has_strategy else None)
     return fig
 
 
@@ -398,24 +228,24 @@ def saguaro_pareto(frame: pd.DataFrame):
     """Acceptance rate (x) against hit rate (y), one point per Saguaro C with mean ± CI on both axes (a colour and a
     legend entry per C, so labels never overlap), and the Pareto front joined by a line. Both axes stay in [0, 1].
     Columns saguaro_c, prompt_id, acceptance_rate, hit_rate."""
-    _check(frame, ["saguaro_c", "prompt_id", "acceptance_rate", "hit_rate"], "saguaro_pareto")
+    check_frame(frame, ["saguaro_c", "prompt_id", "acceptance_rate", "hit_rate"], "saguaro_pareto")
     acc = summarise(frame, "saguaro_c", "acceptance_rate")
     hit = summarise(frame, "saguaro_c", "hit_rate")
     s = acc.merge(hit, on="saguaro_c", suffixes=("_a", "_h")).sort_values("saguaro_c", ascending=False)
     s = s.reset_index(drop=True)
     front = pareto_front(s["mean_a"], s["mean_h"])
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = colours(len(s) + 1)
-        xerr, yerr = _yerr(s, "_a"), _yerr(s, "_h")
+        xerr, yerr = error_bars(s, "_a"), error_bars(s, "_h")
         for i, row in s.iterrows():
             ax.errorbar(row["mean_a"], row["mean_h"], xerr=xerr[:, i : i + 1], yerr=yerr[:, i : i + 1], fmt="o",
-                        capsize=4, color=pal[i], label=f"C = {_fmt(row['saguaro_c'])}")
+                        capsize=4, color=pal[i], label=f"C = {format_value(row['saguaro_c'])}")
         ax.plot(s.loc[front, "mean_a"], s.loc[front, "mean_h"], "-", color="0.4", lw=1.5, label="Pareto front")
         ax.set_xlim(*_rate_limits(s["mean_a"] - s["err_low_a"], s["mean_a"] + s["err_high_a"]))
         ax.set_ylim(*_rate_limits(s["mean_h"] - s["err_low_h"], s["mean_h"] + s["err_high_h"]))
         ax.set(xlabel="acceptance rate a", ylabel="hit rate", title="Saguaro C: acceptance rate vs hit rate")
-        _legend_outside(ax, ci_label(acc, hit, value="hit_rate"))
+        legend_outside(ax, ci_label(acc, hit, value="hit_rate"))
     return fig
 
 
@@ -428,15 +258,15 @@ def wall_clock(frame: pd.DataFrame):
     """Tokens per second per method (bars in each method's colour, mean ± CI, in the frame's method order; the
     title says what the intervals are); a marker per method for the optional column predicted_tokens_per_s
     (Theorem 7's prediction) where present, with a legend for it. Columns method, prompt_id, tokens_per_s."""
-    _check(frame, ["method", "prompt_id", "tokens_per_s"], "wall_clock")
-    methods = [str(m) for m in _order(frame["method"])]
+    check_frame(frame, ["method", "prompt_id", "tokens_per_s"], "wall_clock")
+    methods = [str(m) for m in ordered(frame["method"])]
     frame = frame.assign(method=frame["method"].astype(str))
     s = summarise(frame, "method", "tokens_per_s").set_index("method").reindex(methods).reset_index()
     x = np.arange(len(methods))
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = method_colours(methods)
-        ax.bar(x, s["mean"].to_numpy(float), yerr=_yerr(s), capsize=5, color=[pal[m] for m in methods], alpha=0.9)
+        ax.bar(x, s["mean"].to_numpy(float), yerr=error_bars(s), capsize=5, color=[pal[m] for m in methods], alpha=0.9)
         if "predicted_tokens_per_s" in frame.columns:
             pred = frame["predicted_tokens_per_s"].astype(float).groupby(frame["method"], sort=False).mean()
             pred = pred.reindex(methods)
@@ -457,25 +287,25 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
     """Per-prompt speed-up over `baseline` (bars, mean ± CI over prompts), one bar per method within each group (a
     prompt set, say), and a dashed line at 1 = as fast as the baseline. Columns prompt_id, method, speedup and
     `group` (None for one group): what `ssd.bench.stats.speedups` returns."""
-    _check(frame, ["prompt_id", "method", "speedup", *([group] if group else [])], "speedups")
+    check_frame(frame, ["prompt_id", "method", "speedup", *([group] if group else [])], "speedups")
     frame = frame.assign(_group=frame[group].astype(str) if group else "")
-    groups, methods = _order(frame["_group"]), [str(m) for m in _order(frame["method"])]
+    groups, methods = ordered(frame["_group"]), [str(m) for m in ordered(frame["method"])]
     frame = frame.assign(method=frame["method"].astype(str))
     s = summarise(frame, ["_group", "method"], "speedup").set_index(["_group", "method"])
     width = 0.8 / len(methods)
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         pal = method_colours(methods)
         for i, method in enumerate(methods):
             m = s.reindex(pd.MultiIndex.from_product([groups, [method]]))
             x = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
             ax.bar(x, m["mean"].to_numpy(float), width=width * 0.95, color=pal[method], alpha=0.9, label=method,
-                   yerr=_yerr(m), capsize=4)
+                   yerr=error_bars(m), capsize=4)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{baseline} (= 1)")
         ax.set_xticks(np.arange(len(groups)))
         ax.set_xticklabels(groups)
         ax.set(xlabel=group or "", ylabel=f"speed-up over {baseline}", title=f"Wall clock: speed-up over {baseline}")
-        _legend_outside(ax, f"method\n({ci_label(s.reset_index())})")
+        legend_outside(ax, f"method\n({ci_label(s.reset_index())})")
     return fig
 
 
@@ -487,9 +317,9 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
     one line per label (e.g. "target bfloat16, draft int8"), each label's memory floor of a
     one-token step dashed in its colour, and the ratio to that one-token step written at the last point. Columns
     label, role (target | draft), n, ms, ratio, floor_ms: `ssd.core.latencies.Profile.to_frame()` with a label."""
-    _check(frame, ["label", "role", "n", "ms", "ratio", "floor_ms"], "latency_profile")
-    labels = _order(frame["label"])
-    with _styled():
+    check_frame(frame, ["label", "role", "n", "ms", "ratio", "floor_ms"], "latency_profile")
+    labels = ordered(frame["label"])
+    with styled():
         fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.5))
         pal = colours(len(labels))
         for ax, role, xlabel in ((axes[0], "target", "tokens in one verify pass (K + 1)"),
@@ -514,76 +344,17 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
     return fig
 
 
-# --- the text, coloured by role -------------------------------------------------------------------------------------
-
-def token_pieces(tokenizer, tokens) -> list[str]:
-    """The text each token adds, by decoding growing prefixes (a token may be half a character: its text goes to
-    the token that completes it). tokenizer None (tiny random pairs): the ids themselves."""
-    if tokenizer is None:
-        return [f"{t} " for t in tokens]
-    pieces, previous = [], ""
-    for i in range(len(tokens)):
-        text = tokenizer.decode(tokens[: i + 1])
-        if text.endswith("\ufffd") and i + 1 < len(tokens):
-            pieces.append("")  # an incomplete UTF-8 sequence so far
-            continue
-        pieces.append(text[len(previous):] if text.startswith(previous) else tokenizer.decode(tokens[i : i + 1]))
-        previous = text
-    return pieces
-
-
-def _as_ids(tokens) -> list[int]:
-    if hasattr(tokens, "tolist"):
-        tokens = tokens.tolist()
-    tokens = list(tokens)
-    if len(tokens) == 1 and isinstance(tokens[0], (list, tuple)):
-        tokens = list(tokens[0])
-    return [int(t) for t in tokens]
-
-
-def _span(text: str, role: str, title: str | None = None) -> str:
-    colour = ROLE_COLOURS[role]
-    style_ = f"background:{colour};" if colour else "color:#555;"
-    title_attr = f' title="{html.escape(title)}"' if title else ""
-    return f'<span class="ssd-{role}" style="{style_}border-radius:2px"{title_attr}>{html.escape(text)}</span>'
-
-
-def coloured_tokens_html(tokenizer, tokens, rounds) -> str:
-    """The HTML string `coloured_tokens` displays."""
-    ids = _as_ids(tokens)
-    roles = token_roles(rounds)
-    if len(roles) != len(ids):
-        raise ValueError(f"rounds account for {len(roles)} new tokens but tokens has {len(ids)}: pass the new token "
-                         f"ids and Trace.to_frame() of the same generate call")
-    pieces = token_pieces(tokenizer, ids)
-    counts = {r: roles.count(r) for r in ROLES}
-    legend = " ".join(_span(f"{r} ({counts[r]})", r, ROLE_HELP[r]) for r in ROLES)
-    body = "".join(_span(p, r, f"{r}, id {t}") for p, r, t in zip(pieces, roles, ids))
-    return ('<div class="ssd-tokens">'
-            f'<div style="font-size:smaller;margin-bottom:6px">{legend}</div>'
-            f'<div style="white-space:pre-wrap;font-family:monospace;line-height:1.6">{body}</div></div>')
-
-
-def coloured_tokens(tokenizer, tokens, rounds):
-    """The generated text, each token coloured by its role (accepted green, recovered orange, bonus blue, target
-    plain), HTML-escaped, newlines kept, with a legend. tokens: the new token ids; rounds: Trace.to_frame() (or the
-    Trace) of the same call."""
-    from IPython.display import HTML
-
-    return HTML(coloured_tokens_html(tokenizer, tokens, rounds))
-
-
 # --- K and B on auto (notebook 07) ----------------------------------------------------------------------------------
 
 def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""):
     """SD's decode tokens/s against K: the prediction (line; columns k, tokens_per_s, from ssd.core.tuning.sd_curve), the
     fixed K measured (points; columns k, decode_tokens_per_s, from ssd.analysis.experiments.variant_summary), and the auto run
     measured (a star at the mean K its rounds used; the row whose k is "auto")."""
-    _check(predicted, ["k", "tokens_per_s"], "sd_k_speeds")
-    _check(measured, ["k", "decode_tokens_per_s", "mean_k"], "sd_k_speeds")
+    check_frame(predicted, ["k", "tokens_per_s"], "sd_k_speeds")
+    check_frame(measured, ["k", "decode_tokens_per_s", "mean_k"], "sd_k_speeds")
     fixed = measured[measured["k"] != "auto"].astype({"k": int}).sort_values("k")
     auto = measured[measured["k"] == "auto"]
-    with _styled():
+    with styled():
         fig, ax = plt.subplots()
         best = predicted.loc[predicted["tokens_per_s"].idxmax()]
         ax.plot(predicted["k"], predicted["tokens_per_s"], "-", color="grey", label="predicted (profile, a measured)")
@@ -596,7 +367,7 @@ def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""
                     label=f"measured, K auto (mean K {row.mean_k:.1f})")
         ax.set(xlabel="draft length K", ylabel="decode tokens/s", title=title or "SD: tokens/s against K")
         ax.set_ylim(bottom=0)
-        _legend_outside(ax)
+        legend_outside(ax)
         fig.tight_layout()
     return fig
 
@@ -605,13 +376,13 @@ def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: s
     """Two heatmaps over (K, B): predicted decode tokens/s (columns k, budget, tokens_per_s: ssd.core.tuning.ssd_surface)
     and measured (columns k, budget, decode_tokens_per_s: the fixed variants of ssd.analysis.experiments.variant_summary), each
     with its best cell boxed; the measured panel's title gives the auto run (its mean K and B and tokens/s)."""
-    _check(predicted, ["k", "budget", "tokens_per_s"], "ssd_speed_surfaces")
-    _check(measured, ["k", "budget", "decode_tokens_per_s", "mean_k", "mean_budget"], "ssd_speed_surfaces")
+    check_frame(predicted, ["k", "budget", "tokens_per_s"], "ssd_speed_surfaces")
+    check_frame(measured, ["k", "budget", "decode_tokens_per_s", "mean_k", "mean_budget"], "ssd_speed_surfaces")
     fixed = measured[(measured["k"] != "auto") & measured["k"].notna()].astype({"k": int, "budget": int})
     auto = measured[measured["k"] == "auto"]
     panels = [("predicted", predicted.pivot_table(index="k", columns="budget", values="tokens_per_s")),
               ("measured", fixed.pivot_table(index="k", columns="budget", values="decode_tokens_per_s"))]
-    with _styled():
+    with styled():
         fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
         for ax, (name, grid) in zip(axes, panels):
             sns.heatmap(grid, annot=True, fmt=".2f", cmap="viridis", ax=ax, cbar_kws={"label": "decode tokens/s"})
@@ -629,94 +400,17 @@ def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: s
     return fig
 
 
-# --- the timeline (notebook 05) ------------------------------------------------------------------------------------
-
-LANE_NAMES = {"ssd-pipeline": {"target": "verifier (rank 0)", "draft": "drafter (rank 1)"}}
-
-
-def timeline_spans(traces) -> pd.DataFrame:
-    """The spans frame `timeline` draws: a frame already (Trace.spans_frame()'s columns), a Trace, or a list of
-    Traces (one call each)."""
-    if isinstance(traces, pd.DataFrame):
-        return traces
-    traces = [traces] if hasattr(traces, "spans_frame") else list(traces)
-    return pd.concat([t.spans_frame() for t in traces], ignore_index=True)
-
-
-def _phase_name(phase: str, hit, backup) -> str:
-    """What a span is called (and coloured) on the timeline."""
-    if phase == "draft_s":
-        if isinstance(backup, str):
-            return f"backup ({backup})"
-        return "draft steps" if hit is None or pd.isna(hit) else "lookup"
-    return {"prefill_s": "prompts' pass", "verify_s": "verify", "wait_s": "wait",
-            "prespec_s": "pre-speculation"}.get(phase, phase)
-
-
-def timeline(traces, rounds: int | None = None, title: str = ""):
-    """Generate calls on one time axis (seconds since each call began): one lane per model of each method (the
-    pipeline's: per rank), its timed blocks as bars coloured by phase (PHASE_COLOURS): the prompts' pass, the
-    target's verify passes and the verifier's waits; the draft's steps (SD), or the drafter's pre-speculation and,
-    after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass but the last
-    (whose lookup decides nothing) is marked above with its hit (a green triangle) or miss (a red cross). rounds:
-    draw only the prompts' pass and the first `rounds` rounds. traces: a Trace, a list of them (one call per
-    method), or a frame of spans (Trace.spans_frame(), several methods' concatenated; ssd.bench.run.run_bench's "spans"
-    for one prompt)."""
-    frame = _check(timeline_spans(traces), ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"],
-                   "timeline")
-    # The last round's lookup decides nothing (trace.final_rounds): no mark for it
-    frame = frame.assign(mark=frame["phase"].eq("verify_s") & frame["hit"].isin([True, False])
-                         & (frame["round"] < frame.groupby("method")["round"].transform("max")))
-    if rounds is not None:
-        if rounds < 1:
-            raise ValueError(f"rounds must be at least 1 (or None for every round), got {rounds}")
-        frame = frame[frame["round"].isna() | (frame["round"] < rounds)]
-    methods = [str(m) for m in _order(frame["method"])]
-    lanes = [(m, lane) for m in methods for lane in ("draft", "target") if ((frame["method"] == m)
-                                                                            & (frame["lane"] == lane)).any()]
-    with _styled():
-        fig, ax = plt.subplots(figsize=(12.0, 0.55 * len(lanes) + 1.6))
-        for y, (method, lane) in enumerate(reversed(lanes)):
-            spans = frame[(frame["method"] == method) & (frame["lane"] == lane)]
-            for s in spans.itertuples():
-                name = _phase_name(s.phase, s.hit, s.backup)
-                ax.broken_barh([(s.start_s, s.end_s - s.start_s)], (y - 0.38, 0.76), facecolors=PHASE_COLOURS.get(
-                    name, "black"), edgecolor="white", linewidth=0.5)
-                if s.mark:
-                    ax.plot(s.end_s, y + 0.5, "^" if s.hit else "x", color="#2a9d3f" if s.hit else "#c44e52",
-                            markersize=7, markeredgewidth=2)
-        ax.set_yticks(range(len(lanes)))
-        ax.set_yticklabels([f"{m}: {LANE_NAMES.get(m, {}).get(lane, lane)}" for m, lane in reversed(lanes)])
-        ax.set_ylim(-0.6, len(lanes) - 0.2)
-        ax.set_xlim(left=0)
-        ax.set(xlabel="seconds since the call began")
-        ax.grid(axis="y", visible=False)
-        shown = {_phase_name(p, h, b) for p, h, b in zip(frame["phase"], frame["hit"], frame["backup"])}
-        handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="0.6", linewidth=0.5, label=name)
-                   for name, c in PHASE_COLOURS.items() if name in shown]
-        marked = frame.loc[frame["mark"], "hit"]
-        if marked.isin([True]).any():
-            handles.append(plt.Line2D([], [], marker="^", color="#2a9d3f", linestyle="", label="hit"))
-        if marked.isin([False]).any():
-            handles.append(plt.Line2D([], [], marker="x", color="#c44e52", linestyle="", markeredgewidth=2,
-                                      label="miss"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-        ax.set_title(title or "Timeline: who works when", fontsize="medium")
-        fig.tight_layout()
-    return fig
-
-
 def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None):
     """One prompt set of the batch-size study (``ssd.analysis.batch_study.by_batch_size``), against b on a log2 axis, each
     method in its colour: total tokens/s (mean over calls, 95% CI over calls where there were at least MIN_CI_N);
     decode tokens/s measured (solid) beside the profile's prediction (dashed, open markers) with the measured and
     predicted crossover b* of the two backups (`crossover`: ``ssd.analysis.batch_study.crossover``); per-sequence tokens/s
     (what one user waits); and the measured all-hit rate of the pipeline beside p_hit^b."""
-    _check(summary, ["label", "batch_size", "tokens_per_s", "ci_low", "ci_high", "calls", "decode_tokens_per_s",
+    check_frame(summary, ["label", "batch_size", "tokens_per_s", "ci_low", "ci_high", "calls", "decode_tokens_per_s",
                      "predicted", "sequence_tokens_per_s", "all_hit", "p_hit_to_b"], "batch_study")
-    labels = [str(m) for m in _order(summary["label"])]
+    labels = [str(m) for m in ordered(summary["label"])]
     pal = method_colours(labels)
-    with _styled():
+    with styled():
         fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), sharex=True)
         for ax in axes.ravel():
             ax.set_xscale("log", base=2)
@@ -726,7 +420,7 @@ def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None
             b = s["batch_size"].to_numpy(float)
             err = np.vstack([s["tokens_per_s"] - s["ci_low"], s["ci_high"] - s["tokens_per_s"]]).astype(float)
             err[:, ~(s["calls"].to_numpy(float) >= MIN_CI_N)] = np.nan
-            total.errorbar(_dodge(total, b, i, len(labels)), s["tokens_per_s"], yerr=err, fmt="o-", capsize=4,
+            total.errorbar(dodge(total, b, i, len(labels)), s["tokens_per_s"], yerr=err, fmt="o-", capsize=4,
                            color=pal[label], label=label)
             decode.plot(b, s["decode_tokens_per_s"], "o-", color=pal[label], label=f"{label}, measured")
             if s["predicted"].notna().any():
@@ -750,7 +444,7 @@ def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None
         for ax in axes.ravel():
             ax.set_xticks(b_values)
             ax.set_xticklabels([str(int(b)) for b in b_values])
-            _legend_outside(ax)
+            legend_outside(ax)
         fig.suptitle(title)
         fig.tight_layout()
     return fig

@@ -154,7 +154,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     "spans": [...]}: one row per (method, generated answer), one summary row per method, the per-category report
     (by_category), ours against the transformers peers (against_peers), where each method's time went
     (time_breakdown), and the timed blocks of every answer decoded by this call (Trace.spans_frame's rows with the
-    answer's prompt_id; for ssd.analysis.plots.timeline).
+    answer's prompt_id; for ssd.analysis.timeline.timeline).
 
     A prompt with several turns (MT-bench's rows in Spec-Bench) gives one answer, and one row, per turn: its first
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1

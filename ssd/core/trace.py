@@ -1,7 +1,7 @@
 """The per-round record every decoding method returns, its pandas DataFrame, and the stopwatch that times it.
 
 The stopwatch also keeps when each timed block ran (a Span: seconds since the call began), so a call can be drawn
-as a timeline (``ssd.analysis.plots.timeline``): the draft's steps and the target's passes taking turns in SD, the
+as a timeline (``ssd.analysis.timeline.timeline``): the draft's steps and the target's passes taking turns in SD, the
 pipeline's drafter pre-speculating while its verifier verifies."""
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ the verifier sends its generator's state with the Start message and both ranks d
 pattern, each using its share (the drafter the draft uniforms, the verifier the verify uniforms).
 
 Clocks: each Report carries when the drafter's blocks ran, so the verifier's trace holds both ranks' spans on one
-time axis (``ssd.analysis.plots.timeline``). On one host both ranks read the same monotonic clock; across hosts the drafter's
+time axis (``ssd.analysis.timeline.timeline``). On one host both ranks read the same monotonic clock; across hosts the drafter's
 clock is put on the verifier's by the offset estimated from the first exchange (``clock_offset``, NTP's rule), good
 to about half the difference between the two directions' transit times.
 """
