@@ -23,7 +23,7 @@ from .models.kernels import library_line
 from .bench.methods import get_method
 from .models.loading import DEFAULT_PAIR, PAIRS, load_pair
 from .pipeline.launch import PipelineConfig
-from .models.precision import capability_line
+from .models.capability import capability_line
 from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .models.shapes import random_pair
 from .core.speculation import SSDConfig

@@ -15,7 +15,7 @@ from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, s
 from ssd.bench.methods import resolve
 from ssd.models.loading import tiny_pair
 from ssd.core.outcomes import Calibrator
-from ssd.models.precision import kind_line, kind_of, machine_kind
+from ssd.models.capability import kind_line, kind_of, machine_kind
 from ssd.pipeline.launch import PipelineConfig, close_pipelines, generate_ssd_pipeline
 from ssd.core.latencies import Profile
 from ssd.bench.prompts import load_prompts

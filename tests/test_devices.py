@@ -18,7 +18,7 @@ from ssd.models import loading as models
 from ssd.models.devices import accelerator, drafter_device, resolve_device
 from ssd.models.loading import load_pair, tiny_pair
 from ssd.pipeline.launch import Pipeline
-from ssd.models.precision import accelerator_precision
+from ssd.models.capability import accelerator_precision
 from ssd.core.speculation import SSDConfig
 
 CUDA = torch.device("cuda")

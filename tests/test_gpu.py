@@ -20,7 +20,9 @@ from ssd.models.devices import accelerator, resolve_device
 from ssd.bench.lossless import ALPHA, distribution_check, greedy_identical
 from ssd.models.loading import load_pair, tiny_pair
 from ssd.pipeline.launch import Pipeline, close_pipelines
-from ssd.models.precision import accelerator_precision, convert, fixed, precision_of
+from ssd.models.capability import accelerator_precision
+from ssd.models.precision import convert, precision_of
+from ssd.models.auto_precision import fixed
 from ssd.bench.prompts import Prompt
 from ssd.core.speculation import SSDConfig, generate_ssd
 from ssd.core.decoding import generate_ar

@@ -8,8 +8,9 @@ from ssd.models import loading as models, precision
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.bench.lossless import first_difference, identity_report, near_tie_bound
 from ssd.models.loading import load_pair, tiny_pair
-from ssd.models.precision import (Precisions, candidates, check_precision, choose, convert, precision_of, supported,
-                           weight_bytes)
+from ssd.models.auto_precision import Precisions, candidates, choose
+from ssd.models.capability import supported
+from ssd.models.precision import check_precision, convert, precision_of, weight_bytes
 from ssd.core.trace import Round
 
 AVX2 = {"cpu": "test cpu", "isa": "AVX2", "flags": ["avx2"], "native": [], "int8_engine": "x86", "cores": 2,

@@ -41,7 +41,7 @@ from ..files import KIT_ROOT, write_json
 from ..models.gguf_store import ModelPartError, part_paths
 from ..models.loading import PAIRS
 from ..names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, TINY_PAIR
-from ..models.precision import accelerator_precision, device_name
+from ..models.capability import accelerator_precision, device_name
 
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
 TESTS = KIT_ROOT / "tests" / "test_gpu.py"

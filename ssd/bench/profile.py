@@ -44,7 +44,9 @@ from ..models.cores import check_cores, pinned
 from ..models.devices import synchronize
 from ..files import KIT_ROOT, atomic_path, cache_dir
 from ..models.kernels import library_of
-from ..models.precision import RULE, capability, kind_of, machine_kind, weight_bytes
+from ..models.auto_precision import RULE
+from ..models.capability import capability, kind_of, machine_kind
+from ..models.precision import weight_bytes
 from ..core.theory import expected_tokens, sd_from_profile
 
 # K + 1 for K = 0..8, every draft length the tuner weighs (here a pass over 4 tokens cost what one over 5 did, 6%
@@ -205,7 +207,7 @@ def _kind(profile: Profile) -> dict:
 def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", context: int = CONTEXT,
                 tokens=TARGET_TOKENS, rows=DRAFT_ROWS, batch_size: int = 1) -> bool:
     """Whether a stored profile stands for one measured here now: the same pair at the same precisions, this kind of
-    machine (``ssd.models.precision.machine_kind``) and torch, the same cores, context and sizes, and every curve of this
+    machine (``ssd.models.capability.machine_kind``) and torch, the same cores, context and sizes, and every curve of this
     version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
     return (profile.pair == pair.name and profile.precisions.get("target") == pair.precisions.target
             and profile.precisions.get("draft") == pair.precisions.draft

@@ -29,7 +29,7 @@ from ..core.decoding import DecodeConfig, generate_ar
 from ..files import write_json
 from .stats import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
-from ..models.precision import capability, device_name, kind_line, kind_of, machine_kind
+from ..models.capability import capability, device_name, kind_line, kind_of, machine_kind
 from ..checks import is_auto, parse_variant
 from .methods import resolve
 from .prompts import encode
@@ -606,7 +606,7 @@ def _mean_and_ci(mean, ci, digits: int) -> str:
 def stored(path: str, pair) -> dict | None:
     """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it exists and was measured on this pair
     at these precisions (each model's), with "source": the path and "elsewhere": None where it was measured on this
-    kind of machine (``ssd.models.precision.machine_kind``), else one line saying where; otherwise None. Timings and the
+    kind of machine (``ssd.models.capability.machine_kind``), else one line saying where; otherwise None. Timings and the
     auto rule's reason do not count: they never repeat, even on the machine that stored the result."""
     if not (path and os.path.exists(path)):
         return None

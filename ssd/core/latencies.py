@@ -17,7 +17,7 @@ class Profile:
     depth of the pre-speculation tree)."""
 
     pair: str
-    precisions: dict  # ssd.models.precision.Precisions.as_dict()
+    precisions: dict  # ssd.models.auto_precision.Precisions.as_dict()
     capability: dict
     verifier_cores: list[int]
     drafter_cores: list[int]

@@ -28,8 +28,10 @@ from .kernels import choose as choose_library
 from ..names import DEFAULT_PAIR
 from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
                    ready)
-from .precision import (AUTO_K, Precisions, accelerator_auto, candidates, capability, check_precision,
-                        check_supported, choose, convert, decision_path, fixed, load_decision, save_decision)
+from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, choose, decision_path, fixed,
+                             load_decision, save_decision)
+from .capability import capability, check_supported
+from .precision import check_precision, convert
 from .timing import forward_ms
 from .tiny import TINY_PAIR, ToyTokenizer, tiny_pair  # noqa: F401  (load_pair("tiny"); and for users of ssd.models.loading)
 

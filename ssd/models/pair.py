@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import transformers
 from transformers import DynamicCache
 
-from .precision import Precisions, fixed
+from .auto_precision import Precisions, fixed
 
 
 class ModelLoadError(RuntimeError):

@@ -14,9 +14,11 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .pair import Pair
-from .precision import accelerator_precision, check_precision, convert, fixed
+from .capability import accelerator_precision
 
 # The configurations ssd.models.loading' GGUF loader makes of the offline pair (tests/test_shapes.py checks them against the
+from .precision import check_precision, convert
+from .auto_precision import fixed
 # loaded models): Qwen2, float32 as loaded, each with its own output layer (untied).
 ARCHITECTURES = {
     "qwen2.5-coder": {
@@ -41,7 +43,7 @@ def config(name: str, role: str, layers: int | None = None) -> Qwen2Config:
 
 
 def default_precision(device) -> str:
-    """auto with random weights: the GPU's own precision (ssd.models.precision.accelerator_precision), float32 on a CPU. The
+    """auto with random weights: the GPU's own precision (ssd.models.capability.accelerator_precision), float32 on a CPU. The
     CPU's measured choice needs the real weights' timings, so there it must be named to be anything else."""
     return accelerator_precision(device) or "float32"
 
