@@ -93,10 +93,9 @@ class Wire:
 
     def decode(self, data: bytes):
         try:
-            tree = json.loads(data.decode("utf-8"))
-        except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            raise WireError(f"not UTF-8 JSON ({_first_line(e)})") from None
-        message = self._value(tree, "")
+            message = self._value(_json(data), "")
+        except RecursionError:  # from json, or from reading arrays nested just within json's own limit
+            raise WireError("values nested too deeply") from None
         if self.types.get(type(message).__name__) is not type(message):
             raise WireError(f"the message is a {type(message).__name__}, not a record")
         return message
@@ -147,6 +146,13 @@ class Wire:
             return cls(**values)
         except (ValueError, TypeError) as e:
             raise WireError(f"{where}: {name} refuses its fields ({_first_line(e)})") from None
+
+
+def _json(data: bytes):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise WireError(f"not UTF-8 JSON ({_first_line(e)})") from None
 
 
 def _tensor_tree(tensor: torch.Tensor, where: str) -> dict:
