@@ -47,7 +47,7 @@ from ..core.decoding import Verifier, as_batch, batch_traces, check_prompts
 from ..models.devices import drafter_device, resolve_device
 from ..models.loading import check_pair_name, load_draft
 from ..models.precision import convert, precision_of
-from .protocol import Ready, Stop, serve, verify_rounds
+from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_rounds
 from ..core.speculation import SSDConfig, check_ssd_config
 from ..core.trace import Stopwatch
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
@@ -71,6 +71,9 @@ class PipelineConfig(SSDConfig):
         check_seconds(self.timeout_s, "timeout_s")
 
 
+WIRE = WIRE_TYPES + (PipelineConfig,)  # what a message may hold: Start carries the config a generate call was given
+
+
 # ---- rank 1: the drafter's life -----------------------------------------------------------------------------------
 
 
@@ -88,7 +91,7 @@ def run_drafter(store, source, *, cores: str, device, backend: str, precision: s
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store.set(JOINED_KEY, str(os.getpid()))
-    channel = init_group(backend, store, 1, device, load_timeout_s)
+    channel = init_group(backend, store, 1, device, load_timeout_s, WIRE)
     channel.peer_gone = peer_gone
     draft = _load_draft(source, precision, device)
     ready = Ready(vocab_size=draft.config.vocab_size, host=socket.gethostname(), pid=os.getpid(), device=str(device),
@@ -221,7 +224,7 @@ class Pipeline:
             if time.monotonic() > deadline:
                 raise PipelineError(f"the drafter did not start within load_timeout_s={load_timeout_s:g} s")
             time.sleep(POLL_S)
-        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s)
+        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE)
         self.channel.peer_gone = self._drafter_gone
 
     def _join_torchrun(self, backend: str, load_timeout_s: float) -> None:
@@ -229,7 +232,7 @@ class Pipeline:
         if env_rank() != 0:
             raise ValueError("under torchrun the Pipeline (the verifier) is rank 0; rank 1 runs serve_torchrun")
         self.store = env_store(0, load_timeout_s)
-        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s)
+        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE)
         _torchrun_joined = True
 
     def _drafter_gone(self) -> str | None:
@@ -377,7 +380,8 @@ def stop_unused_torchrun_drafter(device) -> None:
     if _torchrun_joined:
         return
     device = torch.device(device)
-    channel = init_group("nccl" if device.type == "cuda" else "gloo", env_store(0, 600.0), 0, device, 600.0)
+    channel = init_group("nccl" if device.type == "cuda" else "gloo", env_store(0, 600.0), 0, device, 600.0,
+                         WIRE)
     try:
         channel.recv(Ready, timeout_s=600.0, limit="load_timeout_s", doing="waiting for the drafter to load")
         channel.send(Stop(), timeout_s=STOP_TIMEOUT_S, doing="stopping the drafter")

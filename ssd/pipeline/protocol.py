@@ -31,6 +31,7 @@ import torch
 
 from ..models.cores import pinned
 from ..core.decoding import Verifier
+from ..core.latencies import Profile
 from ..core.proposers import Draft
 from ..core.sampling import one_hot, uniforms
 from ..core.speculation import Lookup, SSDConfig, Speculator, backup_used, round_uniforms
@@ -124,6 +125,12 @@ class LastReports:
 @dataclass(frozen=True)
 class Stop:
     """Rank 0 -> 1: no more generate calls."""
+
+
+# Every dataclass that crosses, the messages and what they hold (Start's config and its latency profile, the Verdicts,
+# the Reports' Spans): ssd.pipeline.wire builds no other. (ssd.pipeline.launch adds its PipelineConfig, an SSDConfig
+# that Start may carry, defined above this module.)
+WIRE_TYPES = (Ready, Start, Report, DraftMessage, Outcome, LastReports, Stop, Verdict, Span, SSDConfig, Profile)
 
 
 # ---- rank 1: the drafter -------------------------------------------------------------------------------------------

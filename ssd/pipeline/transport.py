@@ -1,13 +1,13 @@
 """The pipeline's transport: the two-rank process group and one rank's end of the link to the other.
 
-A message is any small picklable record (``ssd.pipeline.protocol`` defines them) and, for a draft at temperature > 0, the
-[n, V] q rows it was drawn from. Every wait is bounded and watches the peer: a rank that dies or hangs becomes a
-PipelineError that says which, never a hang.
+A message is a small record of an allowed type (``ssd.pipeline.protocol`` defines them; ``ssd.pipeline.wire`` encodes
+them as JSON, never pickle: a peer, perhaps on another host, can make this rank build only allowed records) and, for a
+draft at temperature > 0, the [n, V] q rows it was drawn from. Every wait is bounded and watches the peer: a rank that
+dies or hangs, or sends a malformed message, becomes a PipelineError that says which, never a hang.
 """
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import threading
 import time
@@ -15,6 +15,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .wire import Wire, WireError, check_header
 
 POLL_S = 0.05  # how often a waiting rank looks at its peer's health and the clock
 FOREVER_S = 10 * 365 * 86400.0  # the drafter's wait between two generate calls has no deadline
@@ -30,18 +32,19 @@ def check_seconds(value, name: str) -> None:
 
 
 class Channel:
-    """One rank's end of the link. A message is a small pickled record, whose type says what it is, and for a draft
-    at temperature > 0 the q rows [n, V] it was drawn from. It travels as three transfers: a header (record bytes, q
-    shape), the record, the rows."""
+    """One rank's end of the link. A message is a small record of one of the allowed types (ssd.pipeline.wire's
+    JSON), whose type says what it is, and for a draft at temperature > 0 the q rows [n, V] it was drawn from. It
+    travels as three transfers: a header (record bytes, q shape), the record, the rows."""
 
-    def __init__(self, peer: int, device, peer_gone=lambda: None):
-        self.peer = peer
+    def __init__(self, peer: int, device, allowed: tuple[type, ...], peer_gone=lambda: None):
+        self.peer, self.rank = peer, 1 - peer
+        self.wire = Wire(allowed)  # the dataclasses a message may hold (ssd.pipeline.protocol.WIRE_TYPES)
         self.device = torch.device(device)  # where transfers live: the rank's GPU under NCCL, else the CPU
         self.peer_gone = peer_gone  # () -> None while the peer may be alive, else why it is known to be gone
 
     def send(self, record, q: torch.Tensor | None = None, *, timeout_s: float, doing: str,
              limit: str = "timeout_s") -> None:
-        meta = torch.frombuffer(bytearray(pickle.dumps(record)), dtype=torch.uint8)
+        meta = torch.frombuffer(bytearray(self.wire.encode(record)), dtype=torch.uint8)
         rows, cols = q.shape if q is not None and q.numel() else (0, 0)
         for part in [torch.tensor([meta.numel(), rows, cols]), meta] + ([q.float()] if rows else []):
             part = part.to(self.device).contiguous()
@@ -50,8 +53,13 @@ class Channel:
     def recv(self, *kinds: type, timeout_s: float | None, doing: str, limit: str = "timeout_s"):
         """The next message, which must be of one of these types: (record, q rows [n, V] or None)."""
         n, rows, cols = self._recv(torch.empty(3, dtype=torch.long), timeout_s, doing, limit).tolist()
-        meta = self._recv(torch.empty(n, dtype=torch.uint8), timeout_s, doing, limit)
-        record = pickle.loads(meta.cpu().numpy().tobytes())
+        try:
+            check_header(n, rows, cols)  # before allocating what it announces
+            meta = self._recv(torch.empty(n, dtype=torch.uint8), timeout_s, doing, limit)
+            record = self.wire.decode(meta.cpu().numpy().tobytes())
+        except WireError as e:
+            raise PipelineError(f"rank {self.rank}: a malformed message from rank {self.peer} while {doing}: {e}"
+                                ) from None
         q = self._recv(torch.empty(rows, cols), timeout_s, doing, limit) if rows else None
         if not isinstance(record, kinds):
             expected = " or ".join(k.__name__ for k in kinds)
@@ -100,12 +108,14 @@ def _link_error(error: Exception) -> str:
     return text.split(". This is typically caused")[0]
 
 
-def init_group(backend: str, store, rank: int, device: torch.device, timeout_s: float) -> Channel:
-    """Join the two-rank process group (0 the verifier, 1 the drafter) and return this rank's end of the link."""
+def init_group(backend: str, store, rank: int, device: torch.device, timeout_s: float, allowed: tuple[type, ...]
+               ) -> Channel:
+    """Join the two-rank process group (0 the verifier, 1 the drafter) and return this rank's end of the link, whose
+    messages hold the allowed dataclasses."""
     nccl = backend == "nccl"
     dist.init_process_group(backend, store=store, rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s),
                             device_id=device if nccl else None)
-    return Channel(1 - rank, device if nccl else "cpu")
+    return Channel(1 - rank, device if nccl else "cpu", allowed)
 
 
 def env_rank() -> int | None:
