@@ -24,7 +24,7 @@ from ssd.core.speculation import SSDConfig, generate_ssd
 
 def toy_profile(verify_slope: float = 0.05, draft_ms: float = 20.0) -> Profile:
     """A GPU-like profile: a pass over n tokens costs 100 (1 + verify_slope (n - 1)) ms, B branch rows little more
-    than one. A real Profile, so it pickles to the pipeline's drafter."""
+    than one. A real Profile, so it crosses the wire to the pipeline's drafter."""
     target = {n: 100 * (1 + verify_slope * (n - 1)) for n in (1, 2, 3, 5, 9, 17)}
     draft = {n: draft_ms * (1 + 0.05 * (n - 1)) for n in (1, 2, 4, 8, 16, 32)}
     return Profile("toy", {"target": "float32", "draft": "float32"}, {}, [0], [1], 128, target, draft,
