@@ -24,8 +24,9 @@ over the same generator state, and each takes its share of the same draws.
 """
 from __future__ import annotations
 
-import torch
 from dataclasses import dataclass, field
+
+import torch
 
 from .decoding import Checked, Verifier
 from .proposers import Draft

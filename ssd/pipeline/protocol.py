@@ -1,22 +1,10 @@
 """The pipeline's protocol: the messages the two ranks exchange, and how each rank runs one generate call.
 
-The round itself is ``ssd.core.round``'s, the one single-process SSD runs: rank 1 runs its drafter's side
-(``draft_rounds`` over a ``ToVerifier`` link: the channel to rank 0), rank 0 its verifier's side (``verify_rounds``),
-and this module only carries the messages between them:
-
-    drafter (rank 1)                                       verifier (rank 0)
-                                                 <----     Start: the prompts, the config, the generator's state
-    DraftMessage r: each row's x_1..x_K           ---->    verify drafts r: one target pass over all rows
-      (+ q rows if T > 0)
-    pre-speculate round r + 1 for every                    ...
-      predicted outcome of every row (one tree)
-                                                 <----     Outcome: each row's verdict (k, t*), done
-    observe: a hit takes a row's draft r + 1 from
-      its cache; the rows that missed are drafted
-      by the backup together
-    DraftMessage r + 1 (+ round r's Reports)      ---->    record round r
-    ...
-    LastReports (the last round's)                ---->    record the last round
+The round itself is ``ssd.core.round``'s (its docstring draws the exchange), the one single-process SSD runs: rank 1
+runs its drafter's side (``draft_rounds`` over ``ToVerifier``, the channel to rank 0), rank 0 its verifier's side
+(``verify_rounds``), and this module only carries their messages, plus its own: Ready (rank 1 has loaded the draft),
+Start (rank 0 opens a generate call: prompts, config, the generator's state), LastReports (the drafter's reports on
+the last round, where no drafts follow) and Stop.
 
 No random numbers cross: the verifier sends its generator's state with the Start message and each rank draws from
 it through its own ``ssd.core.round.Draws``, which draws what generate_ssd draws, in its order; each rank uses its
