@@ -137,7 +137,13 @@ class DrafterSide:
         self.round = 0
         self.live: list[int] = []
         self.drafts: dict[int, Draft] = {}  # the drafts of the round in hand, by live row
-        self.first_drawn: dict[int, int] = {}
+        self.first_drawn: dict[int, int] = {}  # by row: K of the first drafts
+        # What the round in hand needs of the drafter, by row (``_plan``): the K of the row's next draft, that
+        # draft's uniforms, the a_p and r of its fan-out; and whether its pre-speculation is done
+        self.k_next: dict[int, int] = {}
+        self.u_draft: dict[int, torch.Tensor] = {}
+        self.estimates: dict[int, tuple[float, float]] = {}
+        self.prespeculated = False
 
     def start(self, prompts: list[list[int]], rooms: dict[int, int]) -> None:
         """Feed the draft its prompts and draft round 0; rooms[row]: the most tokens it may draft.
