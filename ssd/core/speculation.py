@@ -11,7 +11,8 @@ faster at the batch size (``ssd.core.tuning``), from the profile, the hit rate a
 give. What a fast round would give is scored at every miss, whichever backup drafted it: the n-gram proposal there
 against the tokens the target went on to produce (``Speculation.note_miss``).
 
-Randomness: each round draws the same uniforms whatever happens (K for drafting the next round, K + 1 for verify).
+Randomness: each round draws the same uniforms whatever happens (K for drafting the next round, K + 1 for verify;
+``ssd.core.round.Draws``).
 All branches and the jit backup share the next round's K draft uniforms, so the draft of round r + 1 is the same
 tokens whether it came from the cache or from the jit backup. With the jit backup and C = 1 the trajectory is then
 independent of the budget B, which is what makes the counterfactual hit rates of ``counterfactual_hits`` exact.
@@ -25,17 +26,16 @@ import torch
 
 from .cache import SpeculationCache
 from .cached_model import CachedModel
-from .decoding import Checked, DecodeConfig, Verifier, batch_traces, batchable, check_prompts
+from .decoding import DecodeConfig, Verifier, batch_traces, batchable, check_prompts
 from ..checks import check_at_least, check_ssd, check_strategy, is_auto
 from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
-from .sampling import uniforms
-from .trace import SSDRound, Stopwatch, final_rounds
+from .round import DrafterSide, Draws, InProcess, VerifierSide, draft_rounds
+from .trace import Stopwatch, final_rounds
 from .tuning import SSD_KS, carried_calibrator, on_auto, ssd_tuner, with_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
-BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's drafts come from, by Draft.source
 FAST_HORIZON = max(SSD_KS)  # tokens of the n-gram proposal scored at a miss: enough for every K the tuner weighs
 
 
@@ -303,68 +303,24 @@ class Speculator(Proposer):
         self.sequences[row].fast_pending = []  # the text ended before them: left unscored
 
 
-def round_uniforms(generator: torch.Generator, k: int, draft_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each round draws K uniforms to draft the next round and draft_len + 1 to verify this one, whatever happens:
-    the stream, and so the tokens, do not depend on hits, budget or fan-out (and two ranks can share it). At batch b
-    each row draws its pair in turn, row by row."""
-    return uniforms(k, generator), uniforms(draft_len + 1, generator)
-
-
 @batchable
 def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
-    """SSD in one process, over a batch. Lossless: every round is verified exactly as in SD, against the q it was
-    drawn from."""
+    """SSD in one process, over a batch: the drafter's and the verifier's side of each round (``ssd.core.round``),
+    linked in-process, so the phases run one after the other. Lossless: every round is verified exactly as in SD,
+    against the q it was drawn from."""
     check_ssd_config(config)
     prompts = check_prompts(pair, prompts, config)
     config = with_latencies(pair, config, len(prompts))
-    speculator = Speculator(pair.draft, prompts, config, pair.vocab_size)
+    draws = Draws(generator)  # both sides' uniforms, drawn once
+    drafter = DrafterSide(Speculator(pair.draft, prompts, config, pair.vocab_size), draws)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
     traces, watch = batch_traces("ssd", prompts), Stopwatch()
     # The target's prompts go in with the first verify pass (one target forward fewer, as in SD), the draft's in a pass
-    # of their own before the first drafts: the pipeline's drafter makes the same forwards (an int8 draft quantizes
-    # each forward's activations with one scale, so the same drafts need the same forwards).
+    # of their own before the first drafts, as the pipeline's drafter makes them.
     with watch.whole(*traces):
-        speculator.model.prefill(dict(enumerate(prompts)))
-        drafts = speculator.propose({row: verifier.room(row) for row in verifier.live},
-                                    {row: uniforms(speculator.k(row), generator) for row in verifier.live})
-        while verifier.live:
-            live = list(verifier.live)
-            u = {row: round_uniforms(generator, speculator.k(row), len(drafts[row].tokens)) for row in live}
-            estimates = {row: speculator.estimates(row) for row in live}
-            with watch("prespec_s"):
-                speculator.prespeculate({row: u[row][0] for row in live})  # on two devices this overlaps verify
-            with watch("verify_s"):
-                checked = verifier.check(drafts, {row: u[row][1] for row in live})
-            with watch("draft_s"):  # the lookups, and the backup after a miss
-                for row in live:
-                    speculator.observe(row, drafts[row], checked[row].verdict)
-                going = [row for row in live if not checked[row].done]
-                following = speculator.propose({row: verifier.room(row) for row in going},
-                                               {row: u[row][0] for row in going})
-            # Only the rows that go on wait for a draft: a finishing row's lookup is moot (trace.final_rounds)
-            seconds, all_hit = watch.take(), all(speculator.last_lookup(row).hit for row in going)
-            for row in live:
-                traces[row].rounds.append(ssd_round(checked[row], speculator.last_lookup(row), drafts[row],
-                                                    following.get(row), *estimates[row], all_hit=all_hit, **seconds))
-                if checked[row].done:
-                    speculator.retire(row)
-            drafts = following
+        drafter.start(prompts, {row: verifier.room(row) for row in verifier.live})
+        draft_rounds(drafter, InProcess(VerifierSide(verifier, draws, traces, watch, pair.vocab_size)))
     return verifier.new, traces
-
-
-def backup_used(following: Draft | None) -> str | None:
-    """The backup that drafted the next round after a miss ("jit" or "fast"); None after a hit or the last round."""
-    return None if following is None or following.source == "cache" else BACKUP_OF[following.source]
-
-
-def ssd_round(checked: Checked, lookup: Lookup, draft: Draft, following: Draft | None, a_p: float, r: float,
-              all_hit: bool, **seconds) -> SSDRound:
-    """The trace's record of one row's SSD round; `following` is its next round's draft (None after the last);
-    all_hit: every row of the batch that goes on hit this round."""
-    v = checked.verdict
-    return SSDRound(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
-                    hit=lookup.hit, rank=lookup.rank, fan_out=draft.fan_out, budget=sum(draft.fan_out), a_p=a_p, r=r,
-                    backup=backup_used(following), all_hit=all_hit, **seconds)
 
 
 # ---- counterfactual hit rates ------------------------------------------------------------------------------------

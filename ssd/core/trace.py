@@ -243,9 +243,10 @@ class Stopwatch:
     def add(self, spans, offset_s: float) -> None:
         """Keep another rank's spans (timed with origin 0.0 on its clock, its rounds numbered as this one's), shifted
         onto this one: offset_s is its clock minus this one (0 on one host; see ssd.pipeline.protocol.clock_offset across
-        hosts)."""
+        hosts). The spans stay in the order they began, as if one stopwatch had timed both."""
         shift = offset_s + self.origin
-        self.spans += [Span(s.round, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
+        shifted = [Span(s.round, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
+        self.spans = sorted(self.spans + shifted, key=lambda s: s.start_s)
 
     def whole(self, *traces: Trace):
         """Time a whole generate call into each trace's wall_s, and give each the call's spans (a batch's rows share

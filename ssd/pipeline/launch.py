@@ -71,7 +71,6 @@ class PipelineConfig(SSDConfig):
         check_seconds(self.timeout_s, "timeout_s")
 
 
-WIRE = WIRE_TYPES + (PipelineConfig,)  # what a message may hold: Start carries the config a generate call was given
 
 
 # ---- rank 1: the drafter's life -----------------------------------------------------------------------------------
@@ -91,7 +90,7 @@ def run_drafter(store, source, *, cores: str, device, backend: str, precision: s
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store.set(JOINED_KEY, str(os.getpid()))
-    channel = init_group(backend, store, 1, device, load_timeout_s, WIRE)
+    channel = init_group(backend, store, 1, device, load_timeout_s, WIRE_TYPES)
     channel.peer_gone = peer_gone
     draft = _load_draft(source, precision, device)
     ready = Ready(vocab_size=draft.config.vocab_size, host=socket.gethostname(), pid=os.getpid(), device=str(device),
@@ -224,7 +223,7 @@ class Pipeline:
             if time.monotonic() > deadline:
                 raise PipelineError(f"the drafter did not start within load_timeout_s={load_timeout_s:g} s")
             time.sleep(POLL_S)
-        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE)
+        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE_TYPES)
         self.channel.peer_gone = self._drafter_gone
 
     def _join_torchrun(self, backend: str, load_timeout_s: float) -> None:
@@ -232,7 +231,7 @@ class Pipeline:
         if env_rank() != 0:
             raise ValueError("under torchrun the Pipeline (the verifier) is rank 0; rank 1 runs serve_torchrun")
         self.store = env_store(0, load_timeout_s)
-        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE)
+        self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE_TYPES)
         _torchrun_joined = True
 
     def _drafter_gone(self) -> str | None:
