@@ -71,8 +71,6 @@ class PipelineConfig(SSDConfig):
         check_seconds(self.timeout_s, "timeout_s")
 
 
-
-
 # ---- rank 1: the drafter's life -----------------------------------------------------------------------------------
 
 
@@ -380,7 +378,7 @@ def stop_unused_torchrun_drafter(device) -> None:
         return
     device = torch.device(device)
     channel = init_group("nccl" if device.type == "cuda" else "gloo", env_store(0, 600.0), 0, device, 600.0,
-                         WIRE)
+                         WIRE_TYPES)
     try:
         channel.recv(Ready, timeout_s=600.0, limit="load_timeout_s", doing="waiting for the drafter to load")
         channel.send(Stop(), timeout_s=STOP_TIMEOUT_S, doing="stopping the drafter")
