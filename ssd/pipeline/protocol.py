@@ -33,8 +33,10 @@ from ..models.cores import pinned
 from ..core.decoding import Verifier
 from ..core.proposers import Draft
 from ..core.sampling import one_hot, uniforms
+from ..core.latencies import Profile
 from ..core.speculation import Lookup, SSDConfig, Speculator, backup_used, round_uniforms
 from ..core.trace import PipelineRound, Span, Stopwatch, Trace
+from ..core.tuning import Autotune
 from .transport import Channel
 from ..core.verify import Verdict
 
@@ -69,6 +71,9 @@ class Start:
     # verifier's round 0 (which feeds the target its prompts): both ranks', where they are this machine's, since each
     # rank waits idle for the other's first work (empty: each rank its own, overlapping as in every later round).
     first_cores: tuple[int, ...] = ()
+    # On auto: the latencies at this call's batch size, which the drafter's tuners price their choices on (the
+    # estimates they learn from are the drafter process's own, carried over its calls: ``serve``)
+    latencies: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -130,21 +135,26 @@ class Stop:
 
 
 def serve(channel: Channel, draft_model) -> None:
-    """Rank 1 once its draft is loaded: one generate call per Start message, until Stop."""
+    """Rank 1 once its draft is loaded: one generate call per Start message, until Stop. One Autotune for the
+    process's life: a call on auto starts from the estimates the last one on its settings left."""
+    autotune = Autotune()
     while True:
         start, _ = channel.recv(Start, Stop, timeout_s=None, doing="waiting for the next generate call")
         if isinstance(start, Stop):
             return
-        speculate(channel, draft_model, start, time.perf_counter())
+        speculate(channel, draft_model, start, time.perf_counter(), autotune)
 
 
-def speculate(channel: Channel, draft_model, start: Start, received_s: float) -> None:
+def speculate(channel: Channel, draft_model, start: Start, received_s: float, autotune: Autotune) -> None:
     """Rank 1's side of one generate call: ssd.core.speculation's Speculator over the batch, driven by messages instead of
-    calls. received_s: this rank's clock when the Start arrived."""
+    calls. received_s: this rank's clock when the Start arrived; autotune: what a call on auto learns from, priced on
+    the Start's latencies."""
     config, timeout_s = start.config, start.timeout_s
     generator = torch.Generator()
     generator.set_state(start.generator_state)
-    speculator = Speculator(draft_model, start.prompts, config, start.vocab_size)
+    if start.latencies is not None:
+        autotune.profiles[len(start.prompts)] = start.latencies
+    speculator = Speculator(draft_model, start.prompts, config, start.vocab_size, autotune)
     live = list(range(len(start.prompts)))
     watch, previous, i = Stopwatch(origin=0.0), None, 0  # spans on this rank's own clock, for the verifier
 
@@ -220,13 +230,14 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
                   vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
-                  first_cores: tuple[int, ...] = ()) -> None:
+                  first_cores: tuple[int, ...] = (), latencies: Profile | None = None) -> None:
     """Rank 0's side of one generate call: start the drafter, then verify the drafts it sends until every row is
     done, recording each row's rounds in its trace and both ranks' spans in the call's stopwatch (same_host: the
     drafter reads this host's clock). Round 0's verify pass also feeds the target its prompts; it runs on
-    first_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome)."""
+    first_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome).
+    latencies: on auto, what the drafter's tuners price their choices on."""
     start = Start(verifier.tokens, config, generator.get_state(), [verifier.room(row) for row in verifier.live],
-                  vocab_size, timeout_s, time.perf_counter(), tuple(first_cores))
+                  vocab_size, timeout_s, time.perf_counter(), tuple(first_cores), latencies)
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
     offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())
