@@ -60,7 +60,8 @@ def test_the_tuner_decides_only_every_few_rounds():
 
 
 def test_the_ssd_tuner_on_carried_estimates_moves_k_with_the_text():
-    autotune, config = tuning.Autotune({1: toy_profile()}), SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated")
+    autotune = tuning.Autotune({1: toy_profile()})
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated")
     calibrator = autotune.calibrator(config)
     tuner = tuning.ssd_tuner(config, calibrator, autotune.profile(1))
     for _ in range(150):  # code: every draft accepted, t* the draft's first candidate
