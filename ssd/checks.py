@@ -81,13 +81,12 @@ def check_r(r: float) -> float:
 # ---- a config's fields: DecodeConfig and SSDConfig check them, and the command line before the kit loads --------------
 
 
-def check_decoding(k, a_p, temperature, max_new_tokens, batch_size) -> None:
+def check_decoding(k, a_p, temperature, max_new_tokens) -> None:
     """DecodeConfig's fields."""
     check_k(k)
     check_unit(a_p, "a_p")
     check_temperature(temperature)
     check_at_least(max_new_tokens, "max_new_tokens")
-    check_at_least(batch_size, "batch_size")
 
 
 def check_ssd(budget, fan_out_strategy, saguaro_c, backup, r) -> None:

@@ -161,7 +161,8 @@ def main(argv=None) -> int:
 def check_arguments(args) -> None:
     """The kit's own checks of the values given (ssd.checks, which the configs run too), before the kit loads."""
     if hasattr(args, "max_new_tokens"):  # generate, bench, hit-rates: the fields of the config they build
-        checks.check_decoding(args.k, args.a_p, args.temperature, args.max_new_tokens, args.batch_size)
+        checks.check_decoding(args.k, args.a_p, args.temperature, args.max_new_tokens)
+        checks.check_at_least(args.batch_size, "batch_size")
         checks.check_ssd(args.budget, args.fan_out, args.saguaro_c, args.backup, args.r)
         if args.threads is not None:
             checks.check_at_least(args.threads, "threads")

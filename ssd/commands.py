@@ -2,7 +2,6 @@
 pair, run, print and write. Imported only once a command runs, so that the parser answers at once."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -20,7 +19,7 @@ from .models.cores import check_cores
 from .models.devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
 from .models.kernels import library_line
-from .bench.methods import get_method
+from .bench.methods import get_method, tunes
 from .models.loading import DEFAULT_PAIR, PAIRS, load_pair
 from .pipeline.launch import PipelineConfig
 from .models.capability import capability_line
@@ -28,7 +27,7 @@ from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .models.shapes import random_pair
 from .core.speculation import SSDConfig
 from .pipeline.transport import env_rank
-from .core.tuning import is_auto, on_auto
+from .core.tuning import Autotune, is_auto
 
 
 def setup(args) -> tuple[object, SSDConfig]:
@@ -36,7 +35,7 @@ def setup(args) -> tuple[object, SSDConfig]:
     config = PipelineConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             budget=args.budget, fan_out_strategy=args.fan_out, saguaro_c=args.saguaro_c,
                             backup=args.backup, a_p=args.a_p, r=args.r, verifier_cores=args.verifier_cores,
-                            drafter_cores=args.drafter_cores, batch_size=args.batch_size)
+                            drafter_cores=args.drafter_cores)
     if args.threads is not None:  # checked with the other arguments (cli.check_arguments)
         torch.set_num_threads(args.threads)
     return load(args), config
@@ -51,15 +50,15 @@ def load(args):
 
 
 def cmd_generate(args) -> None:
-    method = get_method(args.method)
     pair, config = setup(args)
     prompts = [encode(pair.tokenizer, Prompt(f"cli{i}", text, chat=args.chat)) for i, text in enumerate(args.prompt)]
     generator = torch.Generator().manual_seed(args.seed)
-    if len(prompts) % config.batch_size and len(prompts) > config.batch_size:
-        print(f"[ssd] {len(prompts)} prompts in batches of {config.batch_size}: the last holds "
-              f"{len(prompts) % config.batch_size}", file=sys.stderr)
-    for first in range(0, len(prompts), config.batch_size):  # the prompts, batch_size at a time
-        batch = prompts[first : first + config.batch_size]
+    b = args.batch_size
+    if len(prompts) % b and len(prompts) > b:
+        print(f"[ssd] {len(prompts)} prompts in batches of {b}: the last holds {len(prompts) % b}", file=sys.stderr)
+    batches = [prompts[first : first + b] for first in range(0, len(prompts), b)]  # the prompts, b at a time
+    method = get_method(args.method, _autotune(args, pair, config, {len(batch) for batch in batches}))
+    for batch in batches:
         answers, traces = method(pair, batch, config, generator)
         for tokens, trace in zip(answers, traces):
             print(pair.tokenizer.decode(tokens))
@@ -79,23 +78,26 @@ def _stats(tokens: list[int], trace) -> str:
     return stats
 
 
-def _auto_batch_sizes(methods: list[str], config) -> set[int]:
+def _autotune(args, pair, config, sizes: set[int]) -> Autotune | None:
+    """generate's method on auto: the profiles at the batch sizes it decodes at (the user cache's, else the kit's
+    stored one of this kind of machine, else measured now and kept), fetched before any call; one Autotune for the
+    command, so each batch starts from the estimates the last one left. None for a method that tunes nothing."""
+    if not tunes(args.method, config):
+        return None
+    return Autotune({b: profile.cached_profile(pair, verifier_cores=args.verifier_cores,
+                                               drafter_cores=args.drafter_cores, batch_size=b,
+                                               stored=profile.KIT_PROFILES) for b in sorted(sizes)})
+
+
+def _auto_batch_sizes(methods: list[str], config, batch_size: int = 1) -> set[int]:
     """The batch sizes the variants that tune as they go decode at: SD's with K on auto, SSD's with K, B or the
     backup on auto."""
-    sizes = set()
-    for spec in methods:
-        name, overrides = parse_variant(spec)
-        variant = dataclasses.replace(config, **overrides)
-        ssd_tunes = name in ("ssd", "ssd-pipeline") and on_auto(variant)
-        sd_tunes = name in ("sd", "sd-1core") and is_auto(variant.k)
-        if ssd_tunes or sd_tunes:
-            sizes.add(variant.batch_size)
-    return sizes
+    return {bench.batch_size_of(m, batch_size) for m in methods if tunes(m, config)}
 
 
-def _pipeline_batch_sizes(methods: list[str], config) -> set[int]:
+def _pipeline_batch_sizes(methods: list[str], batch_size: int = 1) -> set[int]:
     """The batch sizes the two-rank pipeline's variants decode at (the plain method's and each variant's)."""
-    return {bench.batch_size_of(m, config) for m in methods if parse_variant(m)[0] == "ssd-pipeline"}
+    return {bench.batch_size_of(m, batch_size) for m in methods if parse_variant(m)[0] == "ssd-pipeline"}
 
 
 def cmd_bench(args) -> None:
@@ -108,18 +110,18 @@ def cmd_bench(args) -> None:
     pair, config = setup(args)
     # Theorem 7 fed by the ranks' latency curves: the pipeline priced at each b it decodes at (on a CPU, whose cores
     # the profile times), and the b = 1 curves, and each tuned b's, for the variants on auto (their tuner reads them)
-    priced = _pipeline_batch_sizes(methods, config) if pair.target.device.type == "cpu" else set()
-    tuned = _auto_batch_sizes(methods, config)
+    priced = _pipeline_batch_sizes(methods, args.batch_size) if pair.target.device.type == "cpu" else set()
+    tuned = _auto_batch_sizes(methods, config, args.batch_size)
     sizes = priced | tuned | ({1} if tuned else set())
     # every batch size measured now (once, then read from the user cache), never inside a timed call
     profiles = {b: profile.cached_profile(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores,
                                           batch_size=b) for b in sorted(sizes)}
     latencies = profiles.get(1)
-    if tuned:
-        config = dataclasses.replace(config, latencies=latencies)
     checkpoint = f"{args.json}.partial" if args.json else None
+    # one Autotune for the whole bench: an answer on auto starts from the estimates the last on its settings left
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=profiles or None,
-                             checkpoint=checkpoint)
+                             checkpoint=checkpoint, batch_size=args.batch_size,
+                             autotune=Autotune(profiles) if tuned else None)
     result.pop("spans")  # the timeline's: a JSON keeps the rows and their summaries
     result = {"args": vars(args) | {"pair": pair.name}, "environment": bench.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None,

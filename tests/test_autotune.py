@@ -36,7 +36,7 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 def test_the_sd_tuner_moves_k_with_the_acceptance_rate():
     calibrator = Calibrator(prior_a_p=0.6, prior_weight=tuning.PRIOR_WEIGHT, memory=tuning.MEMORY)
-    tuner = tuning.sd_tuner(DecodeConfig(k="auto", latencies=toy_profile()), calibrator)
+    tuner = tuning.sd_tuner(DecodeConfig(k="auto"), calibrator, toy_profile())
     start = tuner.k
     for _ in range(tuning.EVERY * 60):  # a draft the target always accepts: K climbs to the top
         calibrator.update(tuner.k, tuner.k, None)
@@ -61,13 +61,10 @@ def test_the_tuner_decides_only_every_few_rounds():
 
 
 def test_the_ssd_tuner_on_carried_estimates_moves_k_with_the_text():
-    class Draft:  # any object stands for the draft model the estimates are carried with
-        pass
-
-    draft, config = Draft(), SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", latencies=toy_profile())
-    tuning.forget_estimates()
-    calibrator = tuning.carried_calibrator(draft, config)
-    tuner = tuning.ssd_tuner(config, calibrator)
+    autotune = tuning.Autotune({1: toy_profile()})
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated")
+    calibrator = autotune.calibrator(config)
+    tuner = tuning.ssd_tuner(config, calibrator, autotune.profile(1))
     for _ in range(150):  # code: every draft accepted, t* the draft's first candidate
         calibrator.update(tuner.k, tuner.k, 1)
         tuner.step()
@@ -76,25 +73,35 @@ def test_the_ssd_tuner_on_carried_estimates_moves_k_with_the_text():
         calibrator.update(0, tuner.k, 2)
         tuner.step()
     assert long_k >= 6 and tuner.k <= 2
-    assert tuning.carried_calibrator(draft, config) is calibrator  # the next answer goes on from here
-    assert tuning.carried_calibrator(Draft(), config) is not calibrator  # another draft model: its own
+    assert autotune.calibrator(config) is calibrator  # the next answer goes on from here
+    assert autotune.calibrator(SSDConfig(k="auto", budget=4)) is not calibrator  # other settings: their own
+    assert tuning.Autotune().calibrator(config) is not calibrator  # another autotune: a fresh start
 
 
 def test_the_ssd_tuner_takes_both_and_keeps_what_is_fixed():
     calibrator = Calibrator(prior_a_p=0.9)
-    both = tuning.ssd_tuner(SSDConfig(k="auto", budget="auto", latencies=toy_profile()), calibrator)
+    both = tuning.ssd_tuner(SSDConfig(k="auto", budget="auto"), calibrator, toy_profile())
     assert both.k in tuning.SSD_KS and both.budget in tuning.BUDGETS
-    k_only = tuning.ssd_tuner(SSDConfig(k="auto", budget=6, latencies=toy_profile()), calibrator)
+    k_only = tuning.ssd_tuner(SSDConfig(k="auto", budget=6), calibrator, toy_profile())
     assert k_only.budget == 6
-    b_only = tuning.ssd_tuner(SSDConfig(k=3, budget="auto", latencies=toy_profile()), calibrator)
+    b_only = tuning.ssd_tuner(SSDConfig(k=3, budget="auto"), calibrator, toy_profile())
     assert b_only.k == 3 and b_only.budget in tuning.BUDGETS
     fixed = tuning.ssd_tuner(SSDConfig(k=3, budget=6), None)
     assert (fixed.k, fixed.budget) == (3, 6)
 
 
-def test_auto_without_latencies_says_how_to_get_them():
-    with pytest.raises(ValueError, match="with_latencies"):
+def test_auto_without_latencies_says_how_to_get_them(pair):
+    with pytest.raises(ValueError, match="Autotune.profile"):
         tuning.sd_tuner(DecodeConfig(k="auto"), Calibrator())
+    how = r"^k, budget or backup is 'auto' but no autotune was given: pass autotune=Autotune\(\{1: ssd.bench.profile"
+    for method, config in [(generate_sd, DecodeConfig(k="auto")), (generate_ssd, SSDConfig(backup="auto")),
+                           (generate_ssd_pipeline, PipelineConfig(budget="auto"))]:  # before a drafter starts
+        with pytest.raises(ValueError, match=how) as caught:
+            method(pair, PROMPT, config, torch.Generator())
+        assert "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"^autotune holds no latency profile at batch size 2 \(it holds 1\)"):
+        generate_sd(pair, [PROMPT, PROMPT], DecodeConfig(k="auto"), torch.Generator(),
+                    autotune=tuning.Autotune({1: toy_profile()}))
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -119,8 +126,9 @@ def ar_tokens(pair, n):
 
 def test_greedy_sd_on_auto_is_ar_and_its_k_moves(pair, monkeypatch):
     monkeypatch.setattr(tuning, "EVERY", 1)
-    config = DecodeConfig(k="auto", max_new_tokens=40, a_p=0.0, latencies=toy_profile())
-    tokens, trace = generate_sd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+    config = DecodeConfig(k="auto", max_new_tokens=40, a_p=0.0)
+    tokens, trace = generate_sd(pair, PROMPT, config, torch.Generator().manual_seed(0),
+                                autotune=tuning.Autotune({1: toy_profile()}))
     assert tokens == ar_tokens(pair, 40)
     assert trace.rounds[0].draft_len == 1  # the prior a_p = 0: draft as little as possible
     assert len({r.draft_len for r in trace.rounds}) > 1  # then the run's acceptance rate moved K
@@ -128,30 +136,28 @@ def test_greedy_sd_on_auto_is_ar_and_its_k_moves(pair, monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["calibrated", "uniform"])
 def test_greedy_ssd_on_auto_is_ar_and_records_its_k_and_b(pair, strategy):
-    config = SSDConfig(k="auto", budget="auto", fan_out_strategy=strategy, max_new_tokens=40,
-                       latencies=toy_profile())
-    tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy=strategy, max_new_tokens=40)
+    tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0),
+                                 autotune=tuning.Autotune({1: toy_profile()}))
     assert tokens == ar_tokens(pair, 40)
     assert all(r.budget == sum(r.fan_out) and r.budget in tuning.BUDGETS for r in trace.rounds)
 
 
-def test_an_auto_run_starts_where_the_last_answer_on_its_settings_left_the_estimates(pair):
-    config = SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=24,
-                       latencies=toy_profile())
-    other = SSDConfig(k="auto", budget=4, fan_out_strategy="calibrated", max_new_tokens=24, latencies=toy_profile())
+def test_an_auto_run_starts_where_the_last_answer_with_its_autotune_on_its_settings_left_the_estimates(pair):
+    config = SSDConfig(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=24)
+    other = SSDConfig(k="auto", budget=4, fan_out_strategy="calibrated", max_new_tokens=24)
 
-    def first_a_p(config):
-        tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0))
+    def first_a_p(config, autotune):
+        tokens, trace = generate_ssd(pair, PROMPT, config, torch.Generator().manual_seed(0), autotune=autotune)
         assert tokens == ar_tokens(pair, 24)
         return trace.rounds[0].a_p, trace.rounds[-1].a_p
 
-    tuning.forget_estimates()
-    start, end = first_a_p(config)
+    autotune = tuning.Autotune({1: toy_profile()})
+    start, end = first_a_p(config, autotune)
     assert start == config.a_p  # the first answer: the prior
-    assert first_a_p(config)[0] != config.a_p  # the next: the estimates the first left
-    assert first_a_p(other)[0] == other.a_p  # other settings: their own estimates, from the prior
-    tuning.forget_estimates()
-    assert first_a_p(config) == (start, end)  # forgotten: the prior again, the same run again
+    assert first_a_p(config, autotune)[0] != config.a_p  # the next: the estimates the first left
+    assert first_a_p(other, autotune)[0] == other.a_p  # other settings: their own estimates, from the prior
+    assert first_a_p(config, tuning.Autotune({1: toy_profile()})) == (start, end)  # a new one: the prior, the same run
 
 
 def test_a_windowed_calibrator_keeps_the_last_ranks_of_each_kind():
@@ -163,16 +169,17 @@ def test_a_windowed_calibrator_keeps_the_last_ranks_of_each_kind():
 
 
 def test_the_pipeline_on_auto_is_ar_and_matches_one_process(pair):
-    fields = dict(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=32, temperature=0.8,
-                  latencies=toy_profile(draft_ms=5.0))
-    close_pipelines()
-    tuning.forget_estimates()  # both ranks start from the prior: the drafter process is a fresh one
-    one = [generate_ssd(pair, PROMPT, SSDConfig(**fields), torch.Generator().manual_seed(s)) for s in (1, 2)]
+    fields = dict(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=32, temperature=0.8)
+    close_pipelines()  # both ranks start from the prior: a fresh Autotune here, a fresh drafter process there
+    autotune = tuning.Autotune({1: toy_profile(draft_ms=5.0)})
+    one = [generate_ssd(pair, PROMPT, SSDConfig(**fields), torch.Generator().manual_seed(s), autotune=autotune)
+           for s in (1, 2)]
     try:  # the second answer of each starts from the first's estimates: on the drafter's rank in the pipeline
-        two = [generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**fields), torch.Generator().manual_seed(s))
-               for s in (1, 2)]
+        verifier = tuning.Autotune({1: toy_profile(draft_ms=5.0)})  # gives the latencies; the drafter learns
+        two = [generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**fields), torch.Generator().manual_seed(s),
+                                     autotune=verifier) for s in (1, 2)]
         greedy = generate_ssd_pipeline(pair, PROMPT, PipelineConfig(**(fields | {"temperature": 0.0})),
-                                       torch.Generator().manual_seed(1))
+                                       torch.Generator().manual_seed(1), autotune=verifier)
     finally:
         close_pipelines()
     for (tokens, trace), (expected, expected_trace) in zip(two, one):
@@ -187,11 +194,12 @@ def test_sampled_outputs_on_auto_follow_the_target_distribution(monkeypatch):
     monkeypatch.setattr(tuning, "EVERY", 1)
     pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
     prompt, n_new, temperature, n = [1, 4, 2], 4, 0.9, 2000
-    config = DecodeConfig(k="auto", temperature=temperature, max_new_tokens=n_new, a_p=0.0, latencies=toy_profile())
+    config = DecodeConfig(k="auto", temperature=temperature, max_new_tokens=n_new, a_p=0.0)
+    autotune = tuning.Autotune({1: toy_profile()})
     expected = exact_target_distribution(pair, prompt, n_new, temperature)
     counts, ks = torch.zeros(len(expected)), set()
     for seed in range(n):
-        tokens, trace = generate_sd(pair, prompt, config, torch.Generator().manual_seed(seed))
+        tokens, trace = generate_sd(pair, prompt, config, torch.Generator().manual_seed(seed), autotune=autotune)
         counts[sequence_index(tokens, pair.vocab_size)] += 1
         ks |= {r.draft_len for r in trace.rounds}
     assert len(ks) > 1  # K changed within runs
@@ -201,8 +209,8 @@ def test_sampled_outputs_on_auto_follow_the_target_distribution(monkeypatch):
 def test_method_variants_parse_and_fail_clearly():
     assert parse_variant("ssd-pipeline:k=auto:budget=8") == ("ssd-pipeline", {"k": "auto", "budget": 8})
     assert parse_methods("ar,sd:k=2,sd:k=auto") == ["ar", "sd:k=2", "sd:k=auto"]
-    _, config = resolve("sd:k=6", DecodeConfig())
-    assert config.k == 6
+    _, config, batch_size = resolve("sd:k=6:batch_size=2", DecodeConfig())
+    assert config.k == 6 and batch_size == 2 and resolve("sd", DecodeConfig(), batch_size=3).batch_size == 3
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         parse_variant("sd:temperature=1")
     with pytest.raises(ValueError, match="neither an integer nor 'auto'"):

@@ -10,6 +10,8 @@ from ssd.bench import run as bench
 from ssd.core import cached_model
 from ssd.bench.run import run_bench, summarize
 from ssd.core.cached_model import CachedModel
+from ssd.core.latencies import Profile
+from ssd.core.tuning import Autotune
 from ssd.core.decoding import DecodeConfig, generate_ar
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 from ssd.checks import parse_variant
@@ -48,11 +50,19 @@ CONFIGS = {
 }
 
 
+def toy_profile(b: int) -> Profile:
+    """Latencies timed over b rows: a pass over b times the tokens costs little more than over b."""
+    return Profile("toy", {"target": "float32", "draft": "float32"}, {}, [0], [1], 128, {1: 10.0 * b, 9: 12.0 * b},
+                   {1: 3.0 * b, 32: 4.0 * b}, {"target": 1.0, "draft": 1.0}, {"target": 1, "draft": 1}, batch_size=b)
+
+
 @pytest.mark.parametrize("b", [1, 2, 5])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_row_of_a_ragged_batch_equals_ar_alone(pair, name, b):
     reference = alone(pair, PROMPTS[:b])
-    tokens, traces = METHODS[name.split(":")[0]](pair, PROMPTS[:b], CONFIGS[name], torch.Generator().manual_seed(0))
+    options = {"autotune": Autotune({b: toy_profile(b)})} if "auto" in name else {}  # priced at b's profile
+    tokens, traces = METHODS[name.split(":")[0]](pair, PROMPTS[:b], CONFIGS[name], torch.Generator().manual_seed(0),
+                                                 **options)
     assert tokens == reference
     assert [t.batch_size for t in traces] == [b] * b and len({t.wall_s for t in traces}) == 1  # one call, shared
     if name.startswith("sd") or name.startswith("ssd"):
@@ -194,7 +204,7 @@ def test_a_batch_is_refused_in_one_line_where_it_cannot_run(pair):
         METHODS["hf-sd"](pair, PROMPTS[:2], DecodeConfig(), torch.Generator())
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"^batch_size must be an integer >= 1, got 0"):
-        DecodeConfig(batch_size=0)
+        run_bench(pair, load_prompts("prose[0:1]"), ["ar"], DecodeConfig(), batch_size=0)
     with pytest.raises(ValueError, match="batch_size is an integer >= 1, not 'auto'"):
         parse_variant("ar:batch_size=auto")
     with pytest.raises(ValueError, match="prompt_ids is empty"):
@@ -227,7 +237,10 @@ def test_the_bench_runs_each_method_at_its_batch_size_side_by_side(pair):
 def test_the_backups_run_side_by_side_as_variants_of_one_bench(pair):
     prompts = load_prompts("prose[0:2]")
     methods = ["ssd:backup=jit", "ssd:backup=fast", "ssd:backup=auto:batch_size=2"]
-    result = run_bench(pair, prompts, methods, SSDConfig(k=3, budget=2, max_new_tokens=12), progress=False)
+    with pytest.raises(ValueError, match=r"^k, budget or backup is 'auto' but no autotune was given"):
+        run_bench(pair, prompts, methods, SSDConfig(k=3, budget=2, max_new_tokens=12), progress=False)
+    result = run_bench(pair, prompts, methods, SSDConfig(k=3, budget=2, max_new_tokens=12), progress=False,
+                       autotune=Autotune({2: toy_profile(2)}))
     summary = {s["method"]: s for s in result["summary"]}
     assert all(r["identical_to_target"] for r in result["rows"])
     assert (summary[methods[0]]["fast_backup_share"], summary[methods[1]]["fast_backup_share"]) == (0.0, 1.0)
@@ -264,9 +277,9 @@ def test_the_bench_batches_prompts_of_similar_length(pair, monkeypatch):
     calls = []
     real = bench.run_batch
 
-    def spy(method, pair, contexts, config, seed):
+    def spy(method, pair, contexts, config, seed, autotune=None):
         calls.append((method, [len(c) for c in contexts]))
-        return real(method, pair, contexts, config, seed=seed)
+        return real(method, pair, contexts, config, seed, autotune)
 
     monkeypatch.setattr(bench, "run_batch", spy)
     texts = ["a b c d e f g h i j k l", "a b", "a b c d e f g h i j k l m n", "a b c"]

@@ -77,12 +77,12 @@ def test_a_killed_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     whole = bench.run_bench(pair, prompts, ["ar", "sd"], config, progress=False)
     real_run_batch, answers = bench.run_batch, []
 
-    def dies_on_the_last_prompt(method, pair, contexts, config, seed):  # batch size 1: one answer a call
+    def dies_on_the_last_prompt(method, pair, contexts, config, seed, autotune=None):  # b = 1: one answer a call
         if config.max_new_tokens == 10:  # not the warm-up's (8 tokens)
             answers.append(method)
             if len(answers) == 5:
                 raise RuntimeError("killed")  # as a kill would, mid-prompt
-        return real_run_batch(method, pair, contexts, config, seed)
+        return real_run_batch(method, pair, contexts, config, seed, autotune)
 
     monkeypatch.setattr(bench, "run_batch", dies_on_the_last_prompt)
     with pytest.raises(RuntimeError, match="killed"):

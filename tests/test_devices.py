@@ -141,7 +141,7 @@ def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(mon
 def test_the_bench_warms_a_gpu_up_over_a_whole_answer(monkeypatch, device, tokens):
     """A GPU loads kernels at first use and picks them by shape: a short warm-up left their cost in the first answer."""
     calls = []
-    monkeypatch.setattr(bench, "run_batch", lambda method, pair, contexts, config, seed: calls.append(
+    monkeypatch.setattr(bench, "run_batch", lambda method, pair, contexts, config, seed, autotune=None: calls.append(
         (method, len(contexts), config.max_new_tokens)))
     pair = SimpleNamespace(target=SimpleNamespace(device=torch.device(device)))
     bench.warm_up(pair, [[1, 2], [3]], ["ar", "sd:batch_size=2"], SSDConfig(max_new_tokens=64))

@@ -217,9 +217,9 @@ def test_bench_summary_of_the_pipeline_has_hit_rate_and_theorem_7(pair):
 def test_sd_1core_is_sd_on_one_thread_and_restores_the_thread_count(pair, monkeypatch):
     seen = []
 
-    def spy(*args):
+    def spy(*args, **options):
         seen.append(torch.get_num_threads())
-        return generate_sd(*args)
+        return generate_sd(*args, **options)
 
     monkeypatch.setattr(ssd.bench.methods, "generate_sd", spy)
     torch.set_num_threads(2)

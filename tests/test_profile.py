@@ -196,9 +196,9 @@ def test_the_bench_command_times_a_profile_at_each_batch_size_the_pipeline_decod
     from ssd.commands import _pipeline_batch_sizes
 
     methods = ["ar", "ssd-pipeline:backup=jit", "ssd-pipeline:backup=fast:batch_size=4", "sd:batch_size=8"]
-    assert _pipeline_batch_sizes(methods, SSDConfig(k=4, budget=4)) == {1, 4}
-    assert _pipeline_batch_sizes(["ssd-pipeline"], SSDConfig(k=4, budget=4, batch_size=2)) == {2}
-    assert _pipeline_batch_sizes(["ar", "sd:batch_size=2"], SSDConfig(k=4, budget=4)) == set()
+    assert _pipeline_batch_sizes(methods) == {1, 4}
+    assert _pipeline_batch_sizes(["ssd-pipeline"], batch_size=2) == {2}
+    assert _pipeline_batch_sizes(["ar", "sd:batch_size=2"]) == set()
 
 
 def test_sd_from_a_profile_at_batch_size_b():
@@ -319,10 +319,12 @@ def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
 
 
 def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypatch, tmp_path, private_cache):
-    """The backup on auto is the command line's default: a run on a kind of machine the kit has a profile of reads
-    it (data/profiles) rather than spend minutes measuring; a fixed run fetches none."""
+    """The backup on auto is the command line's default: generate on a kind of machine the kit has a profile of
+    reads it (data/profiles) rather than spend minutes measuring; a fixed run fetches none."""
+    from argparse import Namespace
+
+    from ssd.commands import _autotune
     from ssd.pipeline.launch import PipelineConfig
-    from ssd.core.tuning import with_latencies
 
     measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False)
     store = tmp_path / "profiles"
@@ -330,9 +332,10 @@ def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypa
     prof.save(dataclasses.replace(measured, measured_at="2020-01-01T00:00:00"), store / prof.stored_name(measured))
     monkeypatch.setattr(prof, "KIT_PROFILES", str(store))
     monkeypatch.setattr(prof, "measure", lambda *a, **k: pytest.fail("measured, though the kit holds a profile"))
-    auto = with_latencies(pair, PipelineConfig(backup="auto", verifier_cores=V, drafter_cores=D))
-    assert auto.latencies.measured_at == "2020-01-01T00:00:00"
-    assert with_latencies(pair, PipelineConfig(backup="jit", verifier_cores=V, drafter_cores=D)).latencies is None
+    args = Namespace(method="ssd", verifier_cores=V, drafter_cores=D)
+    auto = _autotune(args, pair, PipelineConfig(backup="auto"), {1})
+    assert auto.profile(1).measured_at == "2020-01-01T00:00:00"
+    assert _autotune(args, pair, PipelineConfig(backup="jit"), {1}) is None
 
 
 def test_a_bench_fetches_a_profile_only_for_a_method_that_tunes(monkeypatch, private_cache):

@@ -15,7 +15,7 @@ from ssd.core.proposers import Draft, DraftModelProposer, NgramProposer, ngram_p
 from ssd.core.sampling import uniforms
 from ssd.core.speculation import SSDConfig, Speculator, counterfactual_hits, generate_ssd
 from ssd.core.trace import counted_lookups, final_rounds
-from ssd.core.tuning import carried_calibrator, forget_estimates
+from ssd.core.tuning import Autotune
 from ssd.core.verify import Verdict
 
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
@@ -26,8 +26,9 @@ def pair():
     return tiny_pair(vocab_size=32, agreement_noise=0.1, seed=4)
 
 
-def run(method, pair, prompt, seed=0, **config):
-    return method(pair, prompt, SSDConfig(**config), torch.Generator().manual_seed(seed))
+def run(method, pair, prompt, seed=0, autotune=None, **config):
+    options = {"autotune": autotune} if autotune is not None else {}  # the methods on auto take one
+    return method(pair, prompt, SSDConfig(**config), torch.Generator().manual_seed(seed), **options)
 
 
 def tree_and_alone(draft_model):
@@ -187,9 +188,9 @@ def sampled_fit(options):
     counts = torch.zeros(len(expected))
     hits = rounds = 0
     used = set()
-    if options.get("latencies") == "balanced":  # where auto's estimates keep it between the two backups
-        options = options | {"latencies": Flat(1.5)}
-    forget_estimates()  # on auto the estimates carry over the runs: start them from the prior
+    options = dict(options)
+    if options.pop("latencies", None) == "balanced":  # where auto's estimates keep it between the two backups
+        options["autotune"] = Autotune({1: Flat(1.5)})  # on auto the estimates carry over the runs, from the prior
     for seed in range(n):
         tokens, trace = run(generate_ssd, pair, prompt, seed=seed, k=2, temperature=temperature,
                             max_new_tokens=n_new, **options)
@@ -240,10 +241,10 @@ def test_auto_runs_exactly_the_backup_the_latencies_favour(pair, draft_ms, same_
     the fixed backup's, token for token, hit for hit and fan-out for fan-out: the calibrated fan-out reads the run's
     own estimates, as the fixed backup's does, not the ones auto carries over answers for its choice (a first answer
     warms those, so the second would differ if the fan-out read them)."""
-    forget_estimates()
+    autotune = Autotune({1: Flat(draft_ms)})
     common = dict(k=3, budget=4, temperature=1.0, max_new_tokens=40, fan_out_strategy=strategy)
-    run(generate_ssd, pair, [6, 5, 4], seed=1, backup="auto", latencies=Flat(draft_ms), **common)
-    auto_tokens, auto = run(generate_ssd, pair, [5, 6, 7], seed=3, backup="auto", latencies=Flat(draft_ms), **common)
+    run(generate_ssd, pair, [6, 5, 4], seed=1, backup="auto", autotune=autotune, **common)
+    auto_tokens, auto = run(generate_ssd, pair, [5, 6, 7], seed=3, backup="auto", autotune=autotune, **common)
     tokens, fixed = run(generate_ssd, pair, [5, 6, 7], seed=3, backup=same_as, **common)
     assert backups_used(auto) == {same_as} == backups_used(fixed)
     assert auto_tokens == tokens and [r.hit for r in auto.rounds] == [r.hit for r in fixed.rounds]
@@ -254,10 +255,9 @@ def test_a_batch_on_auto_backs_every_miss_of_a_round_with_one_backup(pair):
     """Latencies that keep auto between the two backups, four rows sharing its estimates: the choice moves during the
     run, and a round's misses all go to the same backup (a round that drafts one row with the draft model waits for
     it whatever the other rows' backup)."""
-    forget_estimates()
     prompts = [[5, 6, 7], [1, 2, 3, 4], [7, 7, 1], [2, 9]]
-    config = SSDConfig(k=3, budget=4, temperature=1.0, max_new_tokens=40, backup="auto", latencies=Flat(3.0))
-    _, traces = generate_ssd(pair, prompts, config, torch.Generator().manual_seed(0))
+    config = SSDConfig(k=3, budget=4, temperature=1.0, max_new_tokens=40, backup="auto")
+    _, traces = generate_ssd(pair, prompts, config, torch.Generator().manual_seed(0), autotune=Autotune({4: Flat(3.0)}))
     rounds = itertools.zip_longest(*(trace.rounds for trace in traces))
     backups = [{r.backup for r in batch if r is not None and r.backup is not None} for batch in rounds]
     assert set().union(*backups) == {"jit", "fast"}  # the choice moved
@@ -268,12 +268,12 @@ def test_every_miss_scores_what_the_fast_backup_would_have_kept(pair):
     """At each miss the n-gram proposal is scored against the tokens the target went on to produce. Where the fast
     backup itself drafted that round (K = 8, the whole proposal), the score is exactly the count it accepted: a
     one-hot draft token is accepted exactly when the target's token is it, at any temperature."""
-    forget_estimates()
-    config = SSDConfig(k=8, budget=4, temperature=1.0, max_new_tokens=120, backup="auto", latencies=Flat(1000.0))
-    _, trace = generate_ssd(pair, [7, 7, 1, 7, 7, 1, 7], config, torch.Generator().manual_seed(0))
+    config = SSDConfig(k=8, budget=4, temperature=1.0, max_new_tokens=120, backup="auto")
+    autotune = Autotune({1: Flat(1000.0)})
+    _, trace = generate_ssd(pair, [7, 7, 1, 7, 7, 1, 7], config, torch.Generator().manual_seed(0), autotune=autotune)
     drafted_by_ngram = [0] + [r + 1 for r, x in enumerate(trace.rounds) if x.backup == "fast"]
     accepted = [trace.rounds[r].accepted for r in drafted_by_ngram if r < len(trace.rounds)]
-    scored = carried_calibrator(pair.draft, config).fast_matched
+    scored = autotune.calibrator(config).fast_matched
     assert len(scored) >= 5 and scored == accepted[: len(scored)]
     assert 0 < sum(scored) < 8 * len(scored)  # the proposals were partly right
 

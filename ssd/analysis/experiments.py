@@ -13,11 +13,13 @@ from ..models.loading import load_pair
 from ..bench.profile import cached_profile
 from ..bench.prompts import encode
 from ..core.speculation import SSDConfig, counterfactual_hits
+from ..core.tuning import Autotune
 
 
-def ssd_rounds(pair, prompts, config: SSDConfig, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+def ssd_rounds(pair, prompts, config: SSDConfig, seed: int = 0, progress: bool = True,
+               autotune: Autotune | None = None) -> pd.DataFrame:
     """Run SSD on every prompt; one row per round, with prompt_id. Prompt i uses seed + i."""
-    return decode(pair, prompts, "ssd", config, seed, progress)[1]
+    return decode(pair, prompts, "ssd", config, seed, progress, autotune)[1]
 
 
 def hit_rate_curves(rounds: pd.DataFrame, budgets, k: int, strategies, a_p: float = 0.6, r: float = 0.5) -> pd.DataFrame:
@@ -37,13 +39,14 @@ def counted(hits: pd.DataFrame) -> pd.DataFrame:
     return hits[~hits["final"]]
 
 
-def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = True):
-    """Run one method on every prompt (prompt i uses seed + i).
+def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = True, autotune: Autotune | None = None):
+    """Run one method on every prompt (prompt i uses seed + i). On auto the method is priced on the autotune's
+    profile at b = 1 and, for SSD, carries its estimates from prompt to prompt in it.
 
     Returns (runs, rounds, tokens): one row per prompt with the trace's summary figures (acceptance_rate is accepted
     / drafted, a_p the per-token estimate accepted / tested), one row per round, and the new tokens by prompt id.
     """
-    run = get_method(method)
+    run = get_method(method, autotune)
     runs, rounds, tokens = [], [], {}
     for i, prompt in enumerate(tqdm(prompts, desc=method, disable=not progress)):
         new, trace = run(pair, encode(pair.tokenizer, prompt), config, torch.Generator().manual_seed(seed + i))
@@ -59,15 +62,16 @@ def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = T
     return pd.DataFrame(runs), pd.concat(rounds, ignore_index=True) if rounds else pd.DataFrame(), tokens
 
 
-def sweep_field(pair, prompts, method: str, config, field: str, values, seed: int = 0, progress: bool = True):
-    """decode() once per value of one config field (K, temperature, Saguaro's C, ...).
+def sweep_field(pair, prompts, method: str, config, field: str, values, seed: int = 0, progress: bool = True,
+                autotune: Autotune | None = None):
+    """decode() once per value of one config field (K, temperature, Saguaro's C, ...), each with the autotune.
 
     Returns (runs, rounds, tokens): the frames with a column named after the field, and tokens[value][prompt_id].
     """
     runs, rounds, tokens = [], [], {}
     for value in values:
         r, rr, tokens[value] = decode(pair, prompts, method, dataclasses.replace(config, **{field: value}), seed,
-                                      progress)
+                                      progress, autotune)
         runs.append(r.assign(**{field: value}))
         rounds.append(rr.assign(**{field: value}))
     return pd.concat(runs, ignore_index=True), pd.concat(rounds, ignore_index=True), tokens

@@ -6,11 +6,16 @@ each; a batch's rows share every forward (``ssd.core.cached_model``).
 A bench can run one method at several settings side by side: a method *variant* names a method and the settings it
 overrides, ``METHOD:FIELD=VALUE[:FIELD=VALUE]``, e.g. ``sd:k=2``, ``ar:batch_size=8`` or
 ``ssd-pipeline:k=auto:budget=auto``
-(``VARIANT_FIELDS`` are the fields a variant may set).
+(``VARIANT_FIELDS`` are the fields a variant may set: the config's, and batch_size, how many prompts go in one call).
+
+The methods that tune as they go (``TUNED``) also take ``autotune=`` (``ssd.core.tuning.Autotune``): what a run on
+auto is priced on and learns from; ``get_method`` and ``resolve`` bind it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import NamedTuple
 
 import torch
 
@@ -18,15 +23,16 @@ from ..checks import check_method, parse_variant
 from ..core.decoding import batchable, generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
 from ..core.speculation import generate_ssd
+from ..core.tuning import is_auto, on_auto
 
 
 @batchable
-def generate_sd_1core(pair, prompts, config, generator):
+def generate_sd_1core(pair, prompts, config, generator, autotune=None):
     """SD with one torch thread: what one device of the pipeline does alone, the fair baseline for ssd-pipeline."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        answers, traces = generate_sd(pair, prompts, config, generator)
+        answers, traces = generate_sd(pair, prompts, config, generator, autotune=autotune)
     finally:
         torch.set_num_threads(threads)
     for trace in traces:
@@ -34,12 +40,12 @@ def generate_sd_1core(pair, prompts, config, generator):
     return answers, traces
 
 
-def generate_ssd_pipeline(pair, prompt_ids, config, generator):
+def generate_ssd_pipeline(pair, prompt_ids, config, generator, autotune=None):
     """SSD with the drafter in a second process or device: ssd.pipeline.launch.generate_ssd_pipeline. Imported on first use:
     torch.distributed's import costs a second, and no other method needs it."""
     from ..pipeline.launch import generate_ssd_pipeline as generate
 
-    return generate(pair, prompt_ids, config, generator)
+    return generate(pair, prompt_ids, config, generator, autotune=autotune)
 
 
 METHODS = {
@@ -53,14 +59,37 @@ METHODS = {
 }
 
 
-def get_method(name: str):
-    return METHODS[check_method(name)]
+TUNED = ("sd", "sd-1core", "ssd", "ssd-pipeline")  # the methods that take autotune= (K, B or the backup on auto)
 
 
-def resolve(spec: str, config):
-    """The method a variant names and the config it runs with (the shared one, its fields overridden)."""
+def get_method(name: str, autotune=None):
+    """The method of this name; given an Autotune, bound to it where the method takes one (TUNED)."""
+    method = METHODS[check_method(name)]
+    return functools.partial(method, autotune=autotune) if autotune is not None and name in TUNED else method
+
+
+class Variant(NamedTuple):
+    generate: object  # the method, bound to the autotune where it takes one
+    config: object  # the shared config, its fields overridden
+    batch_size: int  # how many prompts one call decodes
+
+
+def resolve(spec: str, config, batch_size: int = 1, autotune=None) -> Variant:
+    """The method a variant names, the config it runs with and its batch size (the variant's batch_size=, else
+    the given one)."""
     name, overrides = parse_variant(spec)
+    batch_size = overrides.pop("batch_size", batch_size)
     missing = [f for f in overrides if not hasattr(config, f)]
     if missing:
         raise ValueError(f"method variant {spec!r} sets {', '.join(missing)}, which a {type(config).__name__} lacks")
-    return get_method(name), dataclasses.replace(config, **overrides) if overrides else config
+    return Variant(get_method(name, autotune), dataclasses.replace(config, **overrides) if overrides else config,
+                   batch_size)
+
+
+def tunes(spec: str, config) -> bool:
+    """Whether a method variant tunes as it goes, and so needs an autotune: SD's with K on auto, SSD's with K, B or
+    the backup on auto."""
+    name, variant = parse_variant(spec)[0], resolve(spec, config).config
+    if name in ("ssd", "ssd-pipeline"):
+        return on_auto(variant)
+    return name in ("sd", "sd-1core") and is_auto(variant.k)

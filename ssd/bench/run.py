@@ -7,7 +7,8 @@ category as Spec-Bench does (by_category).
 
 A long bench is resumable: with a checkpoint file it writes every finished prompt's rows there (atomically), and a
 run of the same arguments that finds the file skips those prompts. Side by side stays per prompt, so the ratios hold;
-SSD's carried estimates (``ssd.core.tuning.carried_calibrator``) start again from the prior where a run resumes.
+SSD's carried estimates (``ssd.core.tuning.Autotune``, one for the whole bench) start again from the prior where a run
+resumes.
 """
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ from ..files import write_json
 from .stats import MIN_CI_N, mean_ci, speedups
 from .lossless import identity_report
 from ..models.capability import capability, device_name, kind_line, kind_of, machine_kind
-from ..checks import is_auto, parse_variant
-from .methods import resolve
+from ..checks import check_at_least, is_auto, parse_variant
+from .methods import resolve, tunes
 from .prompts import encode
 from ..core.theory import measured_theorem7, sd_from_profile, theorem7_from_profile
 from ..core.trace import ForwardClock, Trace
-from ..core.tuning import on_auto
+from ..core.tuning import Autotune, on_auto, tuned_latencies
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
@@ -44,20 +45,22 @@ PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
 CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
 
 
-def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int) -> tuple[list[int], dict, Trace]:
+def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int, autotune: Autotune | None = None
+            ) -> tuple[list[int], dict, Trace]:
     """One answer of a method (or a variant, ``ssd.bench.methods``) and its row: a batch of one."""
-    return run_batch(method, pair, [prompt_ids], config, seed)[0]
+    return run_batch(method, pair, [prompt_ids], config, seed, autotune)[0]
 
 
-def run_batch(method: str, pair, contexts: list[list[int]], config: DecodeConfig, seed: int
-              ) -> list[tuple[list[int], dict, Trace]]:
+def run_batch(method: str, pair, contexts: list[list[int]], config: DecodeConfig, seed: int,
+              autotune: Autotune | None = None) -> list[tuple[list[int], dict, Trace]]:
     """A batch of answers of a method in one call (all its rows share every forward), and a row for each.
 
     A row's wall_s is the call's: what each sequence of the batch waited. Its tokens_per_s is its share of the
     batch's throughput, new tokens over wall_s / b (over a batch their mean is the batch's total tokens/s; b = 1:
     the answer's own rate); sequence_tokens_per_s is its own rate, new tokens over wall_s (per-sequence latency).
+    A method on auto learns from the autotune (and goes on updating it).
     """
-    generate, config = resolve(method, config)
+    generate, config, _ = resolve(method, config, autotune=autotune)
     generator = torch.Generator().manual_seed(seed)
     with ForwardClock(target=pair.target, draft=pair.draft) as clock:
         start = time.perf_counter()
@@ -110,9 +113,9 @@ def _row(method: str, tokens: list[int], trace: Trace, wall: float, b: int) -> d
     }
 
 
-def batch_size_of(method: str, config: DecodeConfig) -> int:
-    """How many prompts a method (or a variant that sets batch_size) decodes at once in a bench."""
-    return resolve(method, config)[1].batch_size
+def batch_size_of(method: str, batch_size: int = 1) -> int:
+    """How many prompts a method decodes at once in a bench: its variant's batch_size=, else the bench's."""
+    return parse_variant(method)[1].get("batch_size", batch_size)
 
 
 WARM_UP_TOKENS = 8  # on a CPU; a GPU warms up over a whole answer (warm_up)
@@ -137,19 +140,22 @@ def answer_order(methods: list[str], j: int) -> list[str]:
     return [m for block in blocks[turn:] + blocks[:turn] for m in (block[::-1] if j % 2 else block)]
 
 
-def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeConfig) -> None:
+def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeConfig, batch_size: int = 1,
+            autotune: Autotune | None = None) -> None:
     """One untimed call per method, at its batch size: first calls pay for allocator growth and lazy initialisation.
     On a CPU a short one does; a GPU loads each kernel at its first use and picks kernels by shape as the context
     grows, so there it decodes a whole answer (after 8 tokens, an H200's first timed AR answer in bfloat16 still took
-    2.0 s against 0.13 s for the next, in make gpu-check on 2026-12-04)."""
+    2.0 s against 0.13 s for the next, in make gpu-check on 2026-12-04). The methods on auto learn from these calls
+    too (the bench's autotune), as from every other."""
     tokens = config.max_new_tokens if pair.target.device.type != "cpu" else min(WARM_UP_TOKENS, config.max_new_tokens)
     short = dataclasses.replace(config, max_new_tokens=tokens)
     for method in methods:
-        run_batch(method, pair, contexts[: batch_size_of(method, config)], short, seed=0)
+        run_batch(method, pair, contexts[: batch_size_of(method, batch_size)], short, 0, autotune)
 
 
 def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int = 0, progress: bool = True,
-              profile=None, checkpoint: str | None = None) -> dict:
+              profile=None, checkpoint: str | None = None, batch_size: int = 1,
+              autotune: Autotune | None = None) -> dict:
     """Returns {"rows": [...], "summary": [...], "categories": [...], "peers": [...], "breakdown": [...],
     "spans": [...]}: one row per (method, generated answer), one summary row per method, the per-category report
     (by_category), ours against the transformers peers (against_peers), where each method's time went
@@ -160,7 +166,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     turn under the prompt's id, turn t under "ID/turnT". Each method answers turn t after its own answer to turn t - 1
     (at temperature 0 every lossless method's answer is AR's, so all see the same context).
 
-    Batches: prompts go in groups as large as the largest batch size among the methods (config.batch_size, or a
+    Batches: prompts go in groups as large as the largest batch size among the methods (batch_size, or a
     variant's ``batch_size=``); each method answers a group's turn in calls of its own batch size, and every method
     answers it before the next turn or group starts, in an order rotated from group to group (answer_order). Where
     any method batches, the prompts are first ordered by their first turn's length, as a server groups requests, so a
@@ -168,23 +174,30 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     every method gets the same batches. Answer j (over the whole run, in that order) is the first of its call, or alone,
     with seed + j.
 
-    config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). With a
+    config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). The
+    methods on auto (K, B or the backup) are priced on the autotune's profile at their batch size and learn from it:
+    one Autotune for the whole bench, so an answer starts from the estimates the last one on its settings left. With a
     latency profile (ssd.bench.profile), or several by the batch size they were timed at ({b: profile}), the summaries of
     SD and the SSD methods at a b one was timed at also hold the prediction it gives. checkpoint: a path where
     the rows so far are kept after each group, and read back by a later run of the same arguments, which goes on
     from the next group (the caller removes it once the result is safe).
     """
+    check_at_least(batch_size, "batch_size")
     for p in prompts:  # a template that rewrites answers fails here, not after minutes of decoding
         encode(pair.tokenizer, p, [[]] * (len(p.turns) - 1))
-    size = max(batch_size_of(m, config) for m in methods)
+    for m in methods:  # and so does a method on auto with no latencies at its batch size
+        if tunes(m, config):
+            tuned_latencies(autotune, batch_size_of(m, batch_size))
+    size = max(batch_size_of(m, batch_size) for m in methods)
     if size > 1:
         prompts = sorted(prompts, key=lambda p: len(encode(pair.tokenizer, p)))
-    identity = _identity(pair, prompts, methods, config, seed)
+    identity = _identity(pair, prompts, methods, config, seed, batch_size)
     rows, rounds, done = _resume(checkpoint, identity)
     spans = []
     _say_ragged_end(len(prompts), size)
     if done < len(prompts):
-        warm_up(pair, [encode(pair.tokenizer, p) for p in prompts[done : done + size]], methods, config)
+        warm_up(pair, [encode(pair.tokenizer, p) for p in prompts[done : done + size]], methods, config, batch_size,
+                autotune)
     j = sum(len(p.turns) for p in prompts[:done])  # the answer's index over the whole run
     bar = tqdm(total=sum(len(p.turns) for p in prompts) * len(methods), initial=j * len(methods), desc="bench",
                disable=not progress)
@@ -197,7 +210,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
                         for method in methods}
             order = answer_order(methods, j)
             turn_rows, runs = _run_turn(pair, [group[i] for i in members], turn, contexts, order, config, seed, j,
-                                        profile, bar)
+                                        profile, bar, batch_size, autotune)
             _report_identity(pair, config, turn_rows, runs, contexts, seed + j)
             for row, (method, i, tokens, trace, frame) in zip(turn_rows, runs):
                 answers[method][members[i]].append(_without_eos(tokens, pair.eos_token_ids))
@@ -224,12 +237,12 @@ def _say_ragged_end(n: int, size: int) -> None:
               "small", file=sys.stderr)
 
 
-def _identity(pair, prompts, methods: list[str], config: DecodeConfig, seed: int) -> dict:
-    """What a checkpoint must match to be resumed: the pair and its precisions, the prompts, methods, seed and every
-    setting (the latency profile apart: a resumed run may read it from the cache again)."""
-    settings = {f.name: repr(getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "latencies"}
+def _identity(pair, prompts, methods: list[str], config: DecodeConfig, seed: int, batch_size: int) -> dict:
+    """What a checkpoint must match to be resumed: the pair and its precisions, the prompts, methods, seed, batch
+    size and every setting."""
+    settings = {f.name: repr(getattr(config, f.name)) for f in dataclasses.fields(config)}
     return {"pair": pair.name, "precisions": pair.precisions.label, "prompts": [p.id for p in prompts],
-            "methods": list(methods), "seed": seed, "config": settings}
+            "methods": list(methods), "seed": seed, "batch_size": batch_size, "config": settings}
 
 
 def _resume(checkpoint: str | None, identity: dict) -> tuple[list[dict], list[pd.DataFrame], int]:
@@ -249,23 +262,25 @@ def _resume(checkpoint: str | None, identity: dict) -> tuple[list[dict], list[pd
 
 
 def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], config, seed: int, first: int,
-              profile, bar):
+              profile, bar, batch_size: int, autotune: Autotune | None):
     """Every method, in the given order, answers one turn of each member prompt from its own contexts, in calls of
     its batch size (the call starting at member i with seed + first + i; first: the index of the turn's first answer
     over the run). A row's ``call`` is the index of its call's first answer: the answers of one call share it.
     Returns the rows and (method, member index, tokens, trace, its frame or None) per answer."""
     rows, runs = [], []
     for method in order:
-        b = batch_size_of(method, config)
+        b = batch_size_of(method, batch_size)
         for start in range(0, len(members), b):
             bar.set_postfix_str(f"{_answer_id(members[start], turn)} {method}" + (f" x{b}" if b > 1 else ""))
-            answered = run_batch(method, pair, contexts[method][start : start + b], config, seed=seed + first + start)
+            answered = run_batch(method, pair, contexts[method][start : start + b], config, seed + first + start,
+                                 autotune)
             for i, (tokens, row, trace) in enumerate(answered, start=start):
                 prompt = members[i]
                 # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
                 frame = trace.to_frame().assign(method=method) if trace.rounds else None
                 if profile is not None and _is_ssd(method):  # Theorem 7 fed by the profile
-                    row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config)[1], frame)
+                    row["profile_tokens_per_s"] = _profile_prediction(profile, resolve(method, config).config, b,
+                                                                      frame)
                 rows.append({"prompt_id": _answer_id(prompt, turn), "category": prompt.category, "turn": turn + 1,
                              "prompt_tokens": len(contexts[method][i]), "target_dtype": pair.precisions.target,
                              "draft_dtype": pair.precisions.draft, "call": first + start, **row})
@@ -351,8 +366,8 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
         backed = rounds.loc[(rounds.method == name) & rounds["backup"].notna(), "backup"]
         ssd["fast_backup_share"] = float((backed == "fast").mean()) if len(backed) else None  # of the misses
         ssd.update(measured)
-        fixed = resolve(name, config)[1] if config is not None else None
-        priced = _pricing(profile, fixed) if fixed is not None else None
+        fixed = resolve(name, config).config if config is not None else None
+        priced = _pricing(profile, fixed, ssd["batch_size"]) if fixed is not None else None
         if priced is not None:
             ssd.update(theorem7_from_profile(priced, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
                                              ssd["e_miss"], fixed.backup, ssd["all_hit"]))
@@ -372,9 +387,9 @@ def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
     Only K prices SD's rounds: a backup on auto, which SD has not, leaves its prediction in place."""
     if parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not s["decode_tokens_per_s"]:
         return
-    fixed = resolve(s["method"], config)[1]
+    fixed = resolve(s["method"], config).config
     ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
-    priced = None if is_auto(fixed.k) else _profile_at(profile, fixed.batch_size)  # SD's rounds: what K makes them
+    priced = None if is_auto(fixed.k) else _profile_at(profile, s["batch_size"])  # SD's rounds: what K makes them
     if not ar or not ar[0]["decode_tokens_per_s"] or priced is None:
         return
     s.update(sd_from_profile(priced, fixed.k, s["mean_accepted"] + 1))
@@ -489,16 +504,16 @@ def _profile_at(profile, batch_size: int):
     return profile if profile is not None and profile.batch_size == batch_size else None
 
 
-def _pricing(profile, config):
-    """The profile that prices this SSD config's rounds, or None: K, B and the backup fixed (on auto they change from
-    round to round, and a mix of backups' rounds has no one price), timed at the config's batch size."""
-    return None if on_auto(config) else _profile_at(profile, config.batch_size)
+def _pricing(profile, config, batch_size: int):
+    """The profile that prices this SSD config's rounds over batch_size rows, or None: K, B and the backup fixed (on
+    auto they change from round to round, and a mix of backups' rounds has no one price), timed at that batch size."""
+    return None if on_auto(config) else _profile_at(profile, batch_size)
 
 
-def _profile_prediction(profile, config, rounds: pd.DataFrame) -> float | None:
+def _profile_prediction(profile, config, batch_size: int, rounds: pd.DataFrame) -> float | None:
     """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rates and tokens (None
     where no profile prices these rounds: ``_pricing``)."""
-    priced = _pricing(profile, config)
+    priced = _pricing(profile, config, batch_size)
     if priced is None:
         return None
     own = measured_theorem7(rounds)
@@ -624,15 +639,15 @@ def stored(path: str, pair) -> dict | None:
 
 
 def stored_or_run(path: str, pair, prompts, methods: list[str], config: DecodeConfig, *, measure_missing: bool,
-                  progress: bool = True) -> dict | None:
+                  progress: bool = True, autotune: Autotune | None = None) -> dict | None:
     """The bench result stored at `path` if it was measured on this pair at these precisions (``stored``); otherwise,
-    with measure_missing, the same methods run here on `prompts` (not written), and without it None: a notebook at
-    its defaults never re-measures a long bench, it shows the stored one or says how to measure it. A result carries
-    "source": the path, or "measured here"."""
+    with measure_missing, the same methods run here on `prompts` (not written; the methods on auto with the
+    autotune), and without it None: a notebook at its defaults never re-measures a long bench, it shows the stored
+    one or says how to measure it. A result carries "source": the path, or "measured here"."""
     found = stored(path, pair)
     if found is not None or not measure_missing:
         return found
-    result = run_bench(pair, prompts, methods, config, progress=progress)
+    result = run_bench(pair, prompts, methods, config, progress=progress, autotune=autotune)
     return result | {"source": "measured here", "elsewhere": None, "precision": pair.precisions.as_dict()}
 
 

@@ -12,7 +12,7 @@ a fixed pattern each round, so one seed fixes every row's tokens (and b = 1 draw
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -22,23 +22,23 @@ from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
-from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, is_auto, sd_tuner, with_latencies
+from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, Autotune, is_auto, sd_tuner, tuned_latencies
 from .verify import Verdict, verify
 
 
 @dataclass
 class DecodeConfig:
+    """The algorithm's settings, nothing else: a method decodes the batch it is given (the bench's variants and the
+    command line's --batch-size say how many prompts go at once), and a run on auto is given what it is priced on
+    and learns from (``ssd.core.tuning.Autotune``)."""
+
     k: int | str = 4  # draft length K (ignored by AR); "auto": chosen for the machine as the run goes (ssd.core.tuning)
     temperature: float = 0.0  # 0 means greedy
     max_new_tokens: int = 64
     a_p: float = 0.6  # the acceptance rate assumed before any round: the prior of k="auto" (and of SSD's fan-out)
-    # b: how many prompts the bench and the command line decode at once (a method decodes the batch it is given)
-    batch_size: int = 1
-    # k="auto": the latency profile the choice is priced on (ssd.bench.profile; the methods fetch the cached one if None)
-    latencies: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        check_decoding(self.k, self.a_p, self.temperature, self.max_new_tokens, self.batch_size)
+        check_decoding(self.k, self.a_p, self.temperature, self.max_new_tokens)
         self.temperature = float(self.temperature)
 
 
@@ -82,13 +82,14 @@ def as_batch(prompt_ids) -> tuple[list[list[int]], bool]:
 
 def batchable(generate):
     """A method written for a batch, `generate(pair, prompts, config, generator) -> (tokens per row, traces)`, that
-    also takes one prompt (a list of ids) and then returns (its tokens, its trace)."""
+    also takes one prompt (a list of ids) and then returns (its tokens, its trace). Keyword options (the tuned methods'
+    autotune) pass through."""
 
     @functools.wraps(generate)
-    def method(pair, prompt_ids, config, generator):
+    def method(pair, prompt_ids, config, generator, **options):
         prompts, single = as_batch(prompt_ids)
         try:
-            new, traces = generate(pair, prompts, config, generator)
+            new, traces = generate(pair, prompts, config, generator, **options)
         except RuntimeError as e:  # torch.OutOfMemoryError (a GPU) is one; the CPU allocator raises a plain one
             if not _out_of_memory(e):
                 raise
@@ -237,15 +238,16 @@ class Verifier:
 
 
 @batchable
-def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator):
+def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator, autotune: Autotune | None = None):
     """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling; each step over
-    all rows at once. With k="auto" each row's K is its tuner's (ssd.core.tuning), re-decided from its acceptance rate."""
+    all rows at once. With k="auto" each row's K is its tuner's (ssd.core.tuning), re-decided from its acceptance rate
+    and priced on the autotune's profile at this batch size (SD reads no carried estimates)."""
     prompts = check_prompts(pair, prompts, config)
-    if is_auto(config.k):  # (an SSDConfig's budget or backup on auto is not SD's concern)
-        config = with_latencies(pair, config, len(prompts))
+    # (an SSDConfig's budget or backup on auto is not SD's concern)
+    latencies = tuned_latencies(autotune, len(prompts)) if is_auto(config.k) else None
     # Each row's acceptance rate, for k="auto"
     calibrators = [Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY) for _ in prompts]
-    tuners = [sd_tuner(config, calibrator) for calibrator in calibrators]
+    tuners = [sd_tuner(config, calibrator, latencies) for calibrator in calibrators]
     proposer = DraftModelProposer(pair.draft, prompts, config.temperature)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
     traces, watch = batch_traces("sd", prompts), Stopwatch()

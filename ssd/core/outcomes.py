@@ -121,8 +121,8 @@ class Calibrator:
     (prior_c_recovered), where the draft has just been wrong, than at the bonus one (prior_c_bonus). ``r`` is the
     power law fitted to all ranks (``fit_power_law``), the prior r until `min_rounds` ranks are seen: what the trace
     reports; the allocation reads the per-kind rates. With a `window` only the last that many ranks of each kind
-    count, so that a calibrator kept over many answers (``ssd.core.tuning.carried_calibrator``) follows the text and its
-    tables stay cheap to build.
+    count, so that a calibrator kept over many answers (``ssd.core.tuning.Autotune.calibrator``) follows the text and
+    its tables stay cheap to build.
 
     a_p is the draft model's: a round the fast backup drafted (an n-gram lookup, ``model_drafted=False``) teaches the
     ranks of its outcome but not a_p. What the fast backup would give after a miss is kept apart (``fast_tokens``),

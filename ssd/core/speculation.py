@@ -32,7 +32,7 @@ from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
 from .round import DrafterSide, Draws, InProcess, VerifierSide, draft_rounds
 from .trace import Stopwatch, final_rounds
-from .tuning import SSD_KS, carried_calibrator, on_auto, ssd_tuner, with_latencies
+from .tuning import SSD_KS, Autotune, on_auto, ssd_tuner, tuned_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
 
@@ -122,13 +122,14 @@ class Lookup:
 class Speculation:
     """One sequence's share of SSD: its speculation cache, its estimates (calibrator) and tuner, and its round in
     flight. At batch b each row keeps its own; only the draft model's forwards are shared, and on auto the estimates
-    carried over answers (``Speculator._estimates``)."""
+    carried over answers (``Speculator._estimates``) and the latencies the tuner prices its choices on."""
 
-    def __init__(self, config: SSDConfig, calibrator: Calibrator | None, tuned_on: Calibrator | None = None):
+    def __init__(self, config: SSDConfig, calibrator: Calibrator | None, tuned_on: Calibrator | None = None,
+                 latencies=None):
         self.cache = SpeculationCache()
         self.calibrator = calibrator  # the fan-out's estimates (None: a strategy that reads none)
         self.tuned_on = tuned_on or calibrator  # the tuner's: the same, or the carried ones (Speculator._estimates)
-        self.tuner = ssd_tuner(config, self.tuned_on)
+        self.tuner = ssd_tuner(config, self.tuned_on, latencies)
         self.learners = tuple(c for c in (calibrator, tuned_on) if c)  # what each round's outcome teaches
         self.config = config
         self.f_next = self.next_fan_out(self.tuner.k)  # the F_0..F_K the drafts made now are for
@@ -207,22 +208,25 @@ class Speculator(Proposer):
     (``sequences[row].last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
     (fewer near max_new_tokens): the cache is filled for the whole draft. Each row's K and B are its tuner's
     (``ssd.core.tuning``): the configured ones, or on auto re-decided as the run goes from the estimates (on auto carried
-    over the answers of the process, ``ssd.core.tuning.carried_calibrator``, and shared by the batch's rows); a new K
-    applies from the next round's uniforms (``k``), a new B from the next pre-speculation's fan-out. It lives
+    over the answers run with the same ``Autotune``, ``Autotune.calibrator``, and shared by the batch's rows) and priced
+    on the autotune's profile at the batch's size; a new K applies from the next round's uniforms (``k``), a new B
+    from the next pre-speculation's fan-out. It lives
     wherever the draft model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.pipeline.protocol``.
     """
 
-    def __init__(self, draft_model, prompts: list[list[int]], config: SSDConfig, vocab_size: int):
+    def __init__(self, draft_model, prompts: list[list[int]], config: SSDConfig, vocab_size: int,
+                 autotune: Autotune | None = None):
         # No Proposer.__init__: the committed tokens are the drafter's (``tokens`` below), kept in one place.
         self.config = config
+        latencies = tuned_latencies(autotune, len(prompts)) if on_auto(config) else None  # fails before any forward
         self.drafter = SaguaroDrafter(draft_model, prompts, config)
         ngram = NgramProposer(prompts, vocab_size, config.ngram, device=self.drafter.model.device)
         self.backups = {"jit": self.drafter, "fast": ngram}
-        self.sequences = [Speculation(config, *self._estimates(draft_model)) for _ in prompts]
+        self.sequences = [Speculation(config, *self._estimates(autotune), latencies) for _ in prompts]
 
-    def _estimates(self, draft_model) -> tuple[Calibrator | None, Calibrator | None]:
+    def _estimates(self, autotune: Autotune | None) -> tuple[Calibrator | None, Calibrator | None]:
         """(the fan-out's estimates, the tuner's where they are others). On auto the tuner reads the estimates the
-        process's last answer on these settings left (``ssd.core.tuning.carried_calibrator``), and so does the fan-out
+        last answer run with this autotune on these settings left (``Autotune.calibrator``), and so does the fan-out
         where K or B is on auto (the tuner chose them for those estimates). With the backup alone on auto the fan-out
         reads the row's own, as with nothing on auto: the run is then, round for round, the run of the backup it
         picks (a fan-out that read the carried estimates ran 2% more rounds than jit's on prose for the same
@@ -231,7 +235,7 @@ class Speculator(Proposer):
         own = Calibrator(prior_a_p=c.a_p, prior_r=c.r) if c.fan_out_strategy == "calibrated" else None
         if not on_auto(c):
             return own, None
-        carried = carried_calibrator(draft_model, c)
+        carried = autotune.calibrator(c)
         return (carried, None) if is_auto(c.k) or is_auto(c.budget) else (own, carried)
 
     @property
@@ -304,15 +308,15 @@ class Speculator(Proposer):
 
 
 @batchable
-def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator):
+def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator, autotune: Autotune | None = None):
     """SSD in one process, over a batch: the drafter's and the verifier's side of each round (``ssd.core.round``),
     linked in-process, so the phases run one after the other. Lossless: every round is verified exactly as in SD,
-    against the q it was drawn from."""
+    against the q it was drawn from. On auto (K, B or the backup) the autotune gives the latencies and carries the
+    estimates."""
     check_ssd_config(config)
     prompts = check_prompts(pair, prompts, config)
-    config = with_latencies(pair, config, len(prompts))
     draws = Draws(generator)  # both sides' uniforms, drawn once
-    drafter = DrafterSide(Speculator(pair.draft, prompts, config, pair.vocab_size), draws)
+    drafter = DrafterSide(Speculator(pair.draft, prompts, config, pair.vocab_size, autotune), draws)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
     traces, watch = batch_traces("ssd", prompts), Stopwatch()
     # The target's prompts go in with the first verify pass (one target forward fewer, as in SD), the draft's in a pass

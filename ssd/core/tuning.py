@@ -22,23 +22,22 @@ the calibrator's 8 for SSD, and the calibrator's prior miss rates), then again e
 own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from
 code to prose moves its K and B. The latencies are the profile's (``ssd.bench.profile.cached_profile``: measured once per
 machine, pair, precision and core set, then read from the user cache), not the run's own clock: the choices then
-depend only on the tokens.
+depend only on the tokens. The caller fetches them before the run and passes them in an ``Autotune``: a decoding loop
+never profiles.
 
-SSD on auto carries its estimates over answers (``carried_calibrator``): an answer starts where the last one the
-process decoded with the same draft model and settings left them, only the first from the prior. A dozen rounds of
+SSD on auto carries its estimates over answers (``Autotune.calibrator``): an answer starts where the last one run with
+the same Autotune and settings left them, only the first from the prior. A dozen rounds of
 one answer teach a_p but hardly the miss-rate tables, so a tuner that began every answer from the prior spent its
 first rounds at the prior's (K, B): replaying the recorded rounds of 16 HumanEval prompts, its choices scored 0.95 of
 the best on the set's steady-state surface, carried 0.98, and with the longer memory and heavier prior below 0.998.
 With K and B configured (the backup alone on auto) only the choice of backup reads them; the calibrated fan-out
 reads the answer's own, as a fixed backup's run does (``ssd.core.speculation.Speculator._estimates``).
 SD's tuner reads a_p alone, which an answer's own rounds teach: it starts every answer from the prior. At temperature
-0 the tokens are the target's either way; at T > 0 a seed gives the same output for the same sequence of calls in a
-fresh process (``forget_estimates`` starts the sequence again).
+0 the tokens are the target's either way; at T > 0 a seed gives the same output for the same sequence of calls with
+one Autotune (a new Autotune starts the sequence again).
 """
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -193,49 +192,68 @@ class Tuner:
             self.choice = self.decide()
 
 
-_carried: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft model -> {settings: Calibrator}
+class Autotune:
+    """What SD's and SSD's runs on auto learn from, held by the caller and passed to each run (``autotune=``): the
+    latency profiles their choices are priced on, by the batch size b they price ({b: ``ssd.core.latencies.Profile``},
+    fetched or measured beforehand: ``ssd.bench.profile.cached_profile(pair, batch_size=b)``; a decoding loop never
+    profiles), and SSD's estimates carried over answers, by settings (``calibrator``).
+
+    One Autotune kept across the answers of a bench or a notebook carries SSD's estimates from one answer to the next;
+    a new one starts them again from the prior. The caller holds one per pair (the estimates are its draft's).
+    """
+
+    def __init__(self, profiles: dict | None = None):
+        self.profiles = dict(profiles or {})  # {b: the latencies of a round over b rows}
+        self.estimates: dict[tuple, Calibrator] = {}  # {settings: the calibrator SSD's runs on them go on updating}
+
+    def profile(self, batch_size: int):
+        """The latencies a run of this many rows is priced on."""
+        if batch_size not in self.profiles:
+            held = ", ".join(str(b) for b in sorted(self.profiles)) or "none"
+            raise ValueError(f"autotune holds no latency profile at batch size {batch_size} (it holds {held}): add "
+                             f"ssd.bench.profile.cached_profile(pair, batch_size={batch_size})")
+        return self.profiles[batch_size]
+
+    def calibrator(self, config) -> Calibrator:
+        """The estimates of an SSD run on auto: those the last run on these settings left (the calibrator itself,
+        which the run goes on updating), else a new one from the config's prior."""
+        settings = (config.temperature, config.saguaro_c, config.a_p, config.r, config.fan_out_strategy, config.backup,
+                    config.ngram, str(config.k), str(config.budget))  # not max_new_tokens: the text is the same text
+        if settings not in self.estimates:
+            # The prior at the calibrator's own weight (8 tested tokens), not PRIOR_WEIGHT: carried, the estimates need
+            # not leave it within one answer, and at one token two accepted rounds of the bench's warm-up had put a_p
+            # at 0.93 and the tuner at K 7, B 1 for the first answer.
+            self.estimates[settings] = Calibrator(prior_a_p=config.a_p, prior_r=config.r, memory=CARRIED_MEMORY,
+                                                  window=RANK_WINDOW)
+        return self.estimates[settings]
 
 
-def carried_calibrator(model, config) -> Calibrator:
-    """The estimates of an SSD run on auto: those the last run with this draft model and these settings left (the
-    calibrator itself, which the run goes on updating), else a new one from the config's prior."""
-    settings = (config.temperature, config.saguaro_c, config.a_p, config.r, config.fan_out_strategy, config.backup,
-                config.ngram, str(config.k), str(config.budget))  # not max_new_tokens: the text is the same text
-    runs = _carried.setdefault(model, {})
-    if settings not in runs:
-        # The prior at the calibrator's own weight (8 tested tokens), not PRIOR_WEIGHT: carried, the estimates need
-        # not leave it within one answer, and at one token two accepted rounds of the bench's warm-up had put a_p at
-        # 0.93 and the tuner at K 7, B 1 for the first answer.
-        runs[settings] = Calibrator(prior_a_p=config.a_p, prior_r=config.r, memory=CARRIED_MEMORY, window=RANK_WINDOW)
-    return runs[settings]
+def tuned_latencies(autotune: Autotune | None, batch_size: int):
+    """The latencies a run on auto over batch_size rows is priced on: its autotune's (without one it fails at once,
+    before any round)."""
+    if autotune is None:
+        raise ValueError(f"k, budget or backup is 'auto' but no autotune was given: pass autotune=Autotune("
+                         f"{{{batch_size}: ssd.bench.profile.cached_profile(pair, batch_size={batch_size})}}) "
+                         "(ssd.core.tuning.Autotune)")
+    return autotune.profile(batch_size)
 
 
-def forget_estimates() -> None:
-    """Every later run on auto in this process starts from its prior again."""
-    _carried.clear()
-
-
-def _latencies(config):
-    if config.latencies is None:
-        raise ValueError("k or budget is 'auto' but the config holds no latencies: pass it through "
-                         "ssd.core.tuning.with_latencies(pair, config) (the methods do this themselves)")
-    return config.latencies
-
-
-def sd_tuner(config, calibrator: Calibrator) -> Tuner:
-    """SD's K: the configured one, or (k='auto') the best from the calibrator's acceptance rate."""
+def sd_tuner(config, calibrator: Calibrator, latencies=None) -> Tuner:
+    """SD's K: the configured one, or (k='auto') the best, priced on the latencies, from the calibrator's acceptance
+    rate."""
     if not is_auto(config.k):
         return Tuner(lambda: Choice(config.k, None, None))
-    latencies = _latencies(config)
+    _check_latencies(latencies)
     return Tuner(lambda: choose_sd_k(calibrator.a_p, latencies))
 
 
-def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
-    """SSD's (K, B, backup): each configured, or on auto the best (Theorem 7 at the latencies' batch size) from the
-    calibrator's a_p, miss rates and, for the fast backup, the tokens its n-gram proposals would have kept."""
+def ssd_tuner(config, calibrator: Calibrator, latencies=None) -> Tuner:
+    """SSD's (K, B, backup): each configured, or on auto the best (Theorem 7 priced on the latencies, at their batch
+    size) from the calibrator's a_p, miss rates and, for the fast backup, the tokens its n-gram proposals would have
+    kept."""
     if not on_auto(config):
         return Tuner(lambda: Choice(config.k, config.budget, None, backup=config.backup))
-    latencies = _latencies(config)
+    _check_latencies(latencies)
     ks = SSD_KS if is_auto(config.k) else (config.k,)
     budgets = BUDGETS if is_auto(config.budget) else (config.budget,)
 
@@ -248,20 +266,10 @@ def ssd_tuner(config, calibrator: Calibrator) -> Tuner:
     return Tuner(decide)
 
 
-def with_latencies(pair, config, batch: int = 1):
-    """The config, with the profile of the pair on the config's cores at batch size `batch` (the user cache's, else
-    the kit's stored one of this kind of machine, else measured now and kept) where k, budget or backup is 'auto' and
-    it holds none for that batch size (latencies without a batch size are taken as they are); otherwise the config as
-    it is."""
-    given = config.latencies
-    if not on_auto(config) or (given is not None and getattr(given, "batch_size", batch) == batch):
-        return config
-    from ..bench.profile import KIT_PROFILES, cached_profile  # measuring needs the models' code; a fixed run never imports it
-
-    latencies = cached_profile(pair, verifier_cores=getattr(config, "verifier_cores", "0"),
-                               drafter_cores=getattr(config, "drafter_cores", "1"), batch_size=batch,
-                               stored=KIT_PROFILES)
-    return dataclasses.replace(config, latencies=latencies)
+def _check_latencies(latencies) -> None:
+    if latencies is None:
+        raise ValueError("k, budget or backup is 'auto' but no latencies were given: pass the profile the choice is "
+                         "priced on (ssd.core.tuning.Autotune.profile)")
 
 
 # ---- the surfaces a notebook draws ---------------------------------------------------------------------------------

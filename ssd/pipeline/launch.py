@@ -51,7 +51,7 @@ from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_rounds
 from ..core.speculation import SSDConfig, check_ssd_config
 from ..core.trace import Stopwatch
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
-from ..core.tuning import with_latencies
+from ..core.tuning import Autotune, on_auto, tuned_latencies
 
 STOP_TIMEOUT_S = 10.0  # a drafter asked to stop that has not within this is killed
 JOINED_KEY = "drafter-joined"  # set in the store once the spawned drafter is up
@@ -239,14 +239,17 @@ class Pipeline:
     def closed(self) -> bool:
         return self.channel is None
 
-    def generate(self, prompt_ids, config: SSDConfig, generator: torch.Generator):
+    def generate(self, prompt_ids, config: SSDConfig, generator: torch.Generator, autotune: Autotune | None = None):
         """SSD over the two ranks: generate_ssd's tokens for the same generator. Given one prompt returns (new
-        tokens, trace); given a batch (a list of prompts), a list of each."""
+        tokens, trace); given a batch (a list of prompts), a list of each. On auto the autotune's latencies at the
+        batch's size go to the drafter, whose tuners price on them; the estimates they learn from are the drafter
+        process's own, carried over its calls (``ssd.pipeline.protocol.serve``)."""
         check_ssd_config(config, "ssd-pipeline")
         if self.closed:
             raise PipelineError("this Pipeline is closed; open a new one")
         prompts, single = as_batch(prompt_ids)
         prompts = check_prompts(self.pair, prompts, config)
+        latencies = tuned_latencies(autotune, len(prompts)) if on_auto(config) else None
         verifier = Verifier(self.pair.target, prompts, config, self.pair.eos_token_ids)
         traces, watch = batch_traces("ssd-pipeline", prompts), Stopwatch()
         with self._end_both_on_error(), pinned(self.verifier_cores), watch.whole(*traces):
@@ -256,7 +259,7 @@ class Pipeline:
             # prompt passes slowed each other more than taking turns costs).
             verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
                           watch, same_host=self.drafter.host == socket.gethostname(),
-                          first_cores=self.first_cores)
+                          first_cores=self.first_cores, latencies=latencies)
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager
@@ -332,8 +335,7 @@ def pipeline_for(pair, config: SSDConfig) -> Pipeline:
     or timeout of a PipelineConfig change, or after a fault closed it."""
     global _cached
     if not isinstance(config, PipelineConfig):
-        # the default cores and timeout (not asdict: it would turn the latency profile into a dict)
-        config = PipelineConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+        config = PipelineConfig(**dataclasses.asdict(config))  # the default cores and timeout
     key = (id(pair), config.verifier_cores, config.drafter_cores, config.timeout_s)
     if _cached is not None and (_cached[0] != key or _cached[1].closed):
         _cached[1].close()
@@ -344,17 +346,20 @@ def pipeline_for(pair, config: SSDConfig) -> Pipeline:
     return _cached[1]
 
 
-def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.Generator):
+def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.Generator,
+                          autotune: Autotune | None = None):
     """SSD with the drafter on its own cores or device, in the kit's method shape: see Pipeline.
 
     The pipeline starts on the first call (its drafter loads the draft) and serves later calls; it closes at exit,
     after a fault, or with close_pipelines(). A PipelineConfig sets its cores and timeout; an SSDConfig uses the
-    defaults (verifier on core 0, drafter on core 1).
+    defaults (verifier on core 0, drafter on core 1). On auto the autotune's profile (timed on the ranks' cores)
+    prices the drafter's choices.
     """
     check_ssd_config(config, "ssd-pipeline")
     prompts = check_prompts(pair, as_batch(prompt_ids)[0], config)  # bad input fails before a drafter starts
-    config = with_latencies(pair, config, len(prompts))  # on auto: priced on the ranks' cores, before the drafter runs
-    return pipeline_for(pair, config).generate(prompt_ids, config, generator)
+    if on_auto(config):
+        tuned_latencies(autotune, len(prompts))  # and so does a run on auto with no latencies for its batch size
+    return pipeline_for(pair, config).generate(prompt_ids, config, generator, autotune)
 
 
 def close_pipelines() -> None:

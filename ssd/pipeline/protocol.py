@@ -29,6 +29,7 @@ from ..core.latencies import Profile
 from ..core.round import DraftMessage, DrafterSide, Draws, Outcome, Report, VerifierSide, draft_rounds
 from ..core.speculation import SSDConfig, Speculator
 from ..core.trace import PipelineRound, Span, Stopwatch, Trace
+from ..core.tuning import Autotune
 from ..core.verify import Verdict
 from ..models.cores import pinned
 from .transport import Channel
@@ -64,6 +65,9 @@ class Start:
     # verifier's round 0 (which feeds the target its prompts): both ranks', where they are this machine's, since each
     # rank waits idle for the other's first work (empty: each rank its own, overlapping as in every later round).
     first_cores: tuple[int, ...] = ()
+    # On auto: the latencies at this call's batch size, which the drafter's tuners price their choices on (the
+    # estimates they learn from are the drafter process's own, carried over its calls: ``serve``)
+    latencies: Profile | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,20 +86,26 @@ class Stop:
 
 
 def serve(channel: Channel, draft_model) -> None:
-    """Rank 1 once its draft is loaded: one generate call per Start message, until Stop."""
+    """Rank 1 once its draft is loaded: one generate call per Start message, until Stop. One Autotune for the
+    process's life: a call on auto starts from the estimates the last one on its settings left."""
+    autotune = Autotune()
     while True:
         start, _ = channel.recv(Start, Stop, timeout_s=None, doing="waiting for the next generate call")
         if isinstance(start, Stop):
             return
-        speculate(channel, draft_model, start, time.perf_counter())
+        speculate(channel, draft_model, start, time.perf_counter(), autotune)
 
 
-def speculate(channel: Channel, draft_model, start: Start, received_s: float) -> None:
+def speculate(channel: Channel, draft_model, start: Start, received_s: float, autotune: Autotune) -> None:
     """Rank 1's side of one generate call: ssd.core.round's drafter side over the batch, its link to the verifier the
-    channel. received_s: this rank's clock when the Start arrived."""
+    channel. received_s: this rank's clock when the Start arrived; autotune: what a call on auto learns from (the
+    drafter process's, carried over its calls), priced on the Start's latencies."""
     generator = torch.Generator()
     generator.set_state(start.generator_state)
-    drafter = DrafterSide(Speculator(draft_model, start.prompts, start.config, start.vocab_size), Draws(generator))
+    if start.latencies is not None:
+        autotune.profiles[len(start.prompts)] = start.latencies
+    speculator = Speculator(draft_model, start.prompts, start.config, start.vocab_size, autotune)
+    drafter = DrafterSide(speculator, Draws(generator))
     # The verifier feeds its prompts with round 0's verify pass, on start.first_cores where it names them (the
     # drafter's too: this rank has nothing to do then). So on such shared cores this rank makes its prompts' pass,
     # its first drafts and round 0's pre-speculation before that verify pass, on both ranks' cores; with cores or a
@@ -143,15 +153,15 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 
 def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
                   vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
-                  first_cores: tuple[int, ...] = ()) -> None:
+                  first_cores: tuple[int, ...] = (), latencies: Profile | None = None) -> None:
     """Rank 0's side of one generate call: start the drafter, then run ssd.core.round's verifier side on the drafts it
     sends until every row is done, recording each row's rounds in its trace and both ranks' spans in the call's
     stopwatch (same_host: the drafter reads this host's clock). Round 0's verify pass also feeds the target its
     prompts; it runs on first_cores where they are given (Start's: this rank's and the drafter's, which waits for its
-    outcome)."""
+    outcome). latencies: on auto, what the drafter's tuners price their choices on."""
     start = Start(prompts=verifier.tokens, config=ssd_settings(config), generator_state=generator.get_state(),
                   rooms=[verifier.room(row) for row in verifier.live], vocab_size=vocab_size, timeout_s=timeout_s,
-                  sent_s=time.perf_counter(), first_cores=tuple(first_cores))
+                  sent_s=time.perf_counter(), first_cores=tuple(first_cores), latencies=latencies)
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
     message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
     offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())
