@@ -17,7 +17,7 @@ import importlib
 # answers before torch and transformers load.
 _EXPORTS = {
     "DecodeConfig": "core.decoding", "generate_ar": "core.decoding", "generate_sd": "core.decoding",
-    "SSDConfig": "core.speculation", "generate_ssd": "core.speculation",
+    "SSDConfig": "core.speculation", "generate_ssd": "core.speculation", "Autotune": "core.tuning",
     "PipelineConfig": "pipeline.launch", "generate_ssd_pipeline": "pipeline.launch",
     "close_pipelines": "pipeline.launch",
     "METHODS": "bench.methods", "get_method": "bench.methods",

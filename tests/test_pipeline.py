@@ -21,7 +21,8 @@ import torch
 
 import ssd.bench.methods
 import ssd.pipeline.launch
-from ssd.bench.run import run_one, summarize
+from ssd.bench.run import run_one
+from ssd.bench.summary import summarize
 from ssd.cli import build_parser, main
 from ssd.commands import setup
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from ssd.bench import run as bench
+from ssd.bench.summary import summarize
 from ssd.analysis import experiments
 from ssd.bench import profile as prof
 from ssd.cli import main
@@ -179,16 +180,16 @@ def test_the_bench_prices_a_method_only_with_a_profile_at_its_batch_size():
                                       "draft_s": [0.2, 0.0, 0.0], "backup": ["jit", None, None]})
                         for m in ("ssd", "ssd:batch_size=2", "ssd:batch_size=2")])
     config = SSDConfig(k=4, budget=4)
-    summary = summary_at_one = {s["method"]: s for s in bench.summarize(rows, rounds, synthetic_profile(), config)}
+    summary = summary_at_one = {s["method"]: s for s in summarize(rows, rounds, synthetic_profile(), config)}
     assert summary["ssd"]["profile_tokens_per_s"] > 0
     assert "profile_tokens_per_s" not in summary["ssd:batch_size=2"]  # a b = 1 profile does not price b = 2
     at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
-    summary = {s["method"]: s for s in bench.summarize(rows, rounds, at_two, config)}
+    summary = {s["method"]: s for s in summarize(rows, rounds, at_two, config)}
     assert summary["ssd:batch_size=2"]["profile_tokens_per_s"] > 0 and "profile_tokens_per_s" not in summary["ssd"]
-    by_b = {s["method"]: s for s in bench.summarize(rows, rounds, {1: synthetic_profile(), 2: at_two}, config)}
+    by_b = {s["method"]: s for s in summarize(rows, rounds, {1: synthetic_profile(), 2: at_two}, config)}
     assert by_b["ssd"]["profile_tokens_per_s"] == summary_at_one["ssd"]["profile_tokens_per_s"]  # each by its own b's
     assert by_b["ssd:batch_size=2"]["profile_tokens_per_s"] == summary["ssd:batch_size=2"]["profile_tokens_per_s"]
-    only_two = {s["method"]: s for s in bench.summarize(rows, rounds, {2: at_two}, config)}
+    only_two = {s["method"]: s for s in summarize(rows, rounds, {2: at_two}, config)}
     assert "profile_tokens_per_s" not in only_two["ssd"]  # none timed at b = 1
 
 
@@ -219,14 +220,14 @@ def test_the_bench_predicts_sd_from_a_profile_at_its_batch_size_over_ar_at_that_
                          "rounds": [10, 10, 4, 4], "drafting_rounds": [0, 0, 4, 4], "identical_to_target": [True] * 4,
                          "prefill_s": [0.0] * 4, "prefill_tokens": [0] * 4})
     at_two = dataclasses.replace(synthetic_profile(), batch_size=2)
-    summary = {s["method"]: s for s in bench.summarize(rows, None, at_two, DecodeConfig(k=4))}
+    summary = {s["method"]: s for s in summarize(rows, None, at_two, DecodeConfig(k=4))}
     sd, ar = summary["sd:batch_size=2"], summary["ar:batch_size=2"]
     speedup = sd_from_profile(at_two, 4, 6 / 4 + 1)["profile_speedup_vs_ar"]  # E: accepted per round + 1
     assert sd["profile_tokens_per_s"] == pytest.approx(ar["decode_tokens_per_s"] * speedup)
     assert sd["decode_over_profile_prediction"] == pytest.approx(sd["decode_tokens_per_s"] / sd["profile_tokens_per_s"])
-    auto_backup = {s["method"]: s for s in bench.summarize(rows, None, {2: at_two}, SSDConfig(k=4, backup="auto"))}
+    auto_backup = {s["method"]: s for s in summarize(rows, None, {2: at_two}, SSDConfig(k=4, backup="auto"))}
     assert auto_backup["sd:batch_size=2"]["profile_tokens_per_s"] == sd["profile_tokens_per_s"]  # SD has no backup
-    at_one = {s["method"]: s for s in bench.summarize(rows, None, synthetic_profile(), DecodeConfig(k=4))}
+    at_one = {s["method"]: s for s in summarize(rows, None, synthetic_profile(), DecodeConfig(k=4))}
     assert "profile_tokens_per_s" not in at_one["sd:batch_size=2"]  # a b = 1 profile does not price b = 2
 
 

@@ -8,7 +8,8 @@ import torch
 
 from ssd import DecodeConfig, checks, generate_ar, tiny_pair
 from ssd.core.decoding import batchable
-from ssd.bench.run import load_rows, run_bench
+from ssd.bench.results import load_rows
+from ssd.bench.run import run_bench
 from ssd.cli import main
 from ssd.bench.methods import METHODS
 from ssd.models.loading import ToyTokenizer

@@ -1,0 +1,295 @@
+"""A bench's summaries: per method (tokens/s, speed-ups over AR and over the transformers peer, acceptance, hit rates,
+the profile's prediction beside the measurement, greedy identity), per Spec-Bench category, ours against the peers,
+where each method's time went; and their printed tables."""
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+
+from .stats import MIN_CI_N, mean_ci, speedups
+from ..checks import is_auto, parse_variant
+from .methods import resolve
+from ..core.theory import measured_theorem7, sd_from_profile, theorem7_from_profile
+from ..core.tuning import on_auto
+
+
+# Each of ours next to the transformers peer that does the same job.
+PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
+
+# The per-category report's figures (means over answers) and their headers in the printed table.
+CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
+
+
+def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=None, config=None) -> list[dict]:
+    """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does);
+    decode tokens/s leaves out the prompts' passes (the paper's measure). With a profile (or {b: profile}) and the
+    run's config, the SSD methods at a b it was timed at get Theorem 7 fed by its latencies beside the one fed by
+    their own rounds, and SD its predicted speed-up over AR at that b."""
+    summary = []
+    for method, g in rows.groupby("method", sort=False):
+        drafted = g["drafted"].sum()
+        budgeted = g.dropna(subset=["mean_budget"]) if "mean_budget" in g else g.iloc[:0]
+        summary.append(
+            {
+                "method": method,
+                "prompts": len(g),
+                "new_tokens": int(g["new_tokens"].sum()),
+                "batch_size": int(_batch_sizes(g).max()),
+                "wall_s": float(_machine_s(g).sum()),
+                "tokens_per_s": float(g["new_tokens"].sum() / _machine_s(g).sum()),
+                # the sequences' own rate: each answer's tokens over what it waited (per-sequence latency)
+                "sequence_tokens_per_s": float(g["new_tokens"].sum() / g["wall_s"].sum()),
+                "decode_tokens_per_s": _decode_rate(g),
+                "all_hit_rate": _mean_of(g, "all_hit_rate"),
+                "acceptance_rate": float(g["accepted"].sum() / drafted) if drafted else None,
+                "mean_accepted": float(g["accepted"].sum() / g.loc[g["drafted"] > 0, "rounds"].sum()) if drafted else None,
+                "mean_k": float(drafted / g["drafting_rounds"].sum()) if drafted and "drafting_rounds" in g else None,
+                "mean_budget": (float((budgeted["mean_budget"] * budgeted["rounds"]).sum() / budgeted["rounds"].sum())
+                                if len(budgeted) else None),
+                "identical_to_target": bool(g["identical_to_target"].all()) if g["identical_to_target"].notna().all() else None,
+                **_differences(g),
+            }
+        )
+    tps = {s["method"]: s["tokens_per_s"] for s in summary}
+    decode = {s["method"]: s["decode_tokens_per_s"] for s in summary}
+    for s in summary:
+        s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
+        s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / decode["ar"]
+                                     if decode.get("ar") and s["decode_tokens_per_s"] else None)
+        peer = PEERS.get(s["method"])
+        s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
+    for name in tps:
+        if rounds is None or not is_ssd(name):
+            continue
+        # Theorem 7 from what the method's rounds measured: for ssd, what drafting and verifying on two devices would
+        # give; for ssd-pipeline, the prediction to hold against its measured speedup_vs_ar.
+        ar_step_s = 1 / tps["ar"] if "ar" in tps else None
+        ssd = next(s for s in summary if s["method"] == name)
+        measured = measured_theorem7(rounds[rounds.method == name], ar_step_s)
+        ssd["hit_rate"] = measured["p_hit"]  # over the counted lookups (trace.final_rounds), as each row's
+        backed = rounds.loc[(rounds.method == name) & rounds["backup"].notna(), "backup"]
+        ssd["fast_backup_share"] = float((backed == "fast").mean()) if len(backed) else None  # of the misses
+        ssd.update(measured)
+        fixed = resolve(name, config).config if config is not None else None
+        priced = _pricing(profile, fixed, ssd["batch_size"]) if fixed is not None else None
+        if priced is not None:
+            ssd.update(theorem7_from_profile(priced, fixed.k, fixed.budget, ssd["p_hit"], ssd["e_hit"],
+                                             ssd["e_miss"], fixed.backup, ssd["all_hit"]))
+            if ssd["decode_tokens_per_s"]:
+                ssd["decode_over_profile_prediction"] = ssd["decode_tokens_per_s"] / ssd["profile_tokens_per_s"]
+    if profile is not None and config is not None:
+        for s in summary:
+            _add_sd_prediction(s, summary, profile, config)
+    return summary
+
+
+def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
+    """SD's speed-up over AR predicted from the profile (``theory.sd_from_profile``) with the tokens its rounds
+    yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
+    speed-up (the profile's one-core rates do not carry over to SD's two cores; its ratios do, roughly, as far as the
+    draft's step gains from the second core what the target's does: docs/findings.md, the batch-size study).
+    Only K prices SD's rounds: a backup on auto, which SD has not, leaves its prediction in place."""
+    if parse_variant(s["method"])[0] != "sd" or s["mean_accepted"] is None or not s["decode_tokens_per_s"]:
+        return
+    fixed = resolve(s["method"], config).config
+    ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
+    priced = None if is_auto(fixed.k) else _profile_at(profile, s["batch_size"])  # SD's rounds: what K makes them
+    if not ar or not ar[0]["decode_tokens_per_s"] or priced is None:
+        return
+    s.update(sd_from_profile(priced, fixed.k, s["mean_accepted"] + 1))
+    s["profile_tokens_per_s"] = ar[0]["decode_tokens_per_s"] * s["profile_speedup_vs_ar"]
+    s["decode_over_profile_prediction"] = s["decode_tokens_per_s"] / s["profile_tokens_per_s"]
+
+
+def by_category(rows: pd.DataFrame) -> list[dict]:
+    """Spec-Bench's report: for each category (in the rows' order), then "overall", and each method, the number of
+    answers and the means over answers of tokens/s, of the speed-up over AR's answer to the same prompt and turn
+    (only with ar among the methods), and of tokens per round (tokens per target forward, Spec-Bench's "mean
+    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_N answers on.
+
+    Spec-Bench's own speed.py divides the mean tokens/s by AR's (a ratio of means, a question's turns pooled) and
+    pools its accepted tokens over all rounds; means over answers are what a CI over answers is about.
+    """
+    rows = _with_speedups(rows)
+    both = pd.concat([rows, rows.assign(category="overall")], ignore_index=True)
+    keys = ["category", "method"]
+    index = pd.MultiIndex.from_product([pd.unique(both["category"]), pd.unique(both["method"])], names=keys)
+    table = both.groupby(keys).size().rename("answers").reindex(index).to_frame()
+    for value in CATEGORY_VALUES:
+        sample = both[[*keys, value]].astype({value: float}).dropna()
+        if sample.empty:  # no ar among the methods, or only peers (no rounds)
+            table[value], table[f"{value}_ci"] = None, None
+            continue
+        ci = mean_ci(sample, keys, value).set_index(keys).reindex(index)
+        table[value] = ci["mean"]
+        # mean_ci gives no interval from fewer than MIN_CI_N answers (NaN).
+        table[f"{value}_ci"] = [None if pd.isna(lo) else [float(lo), float(hi)]
+                                for lo, hi in zip(ci["ci_low"], ci["ci_high"])]
+    # AR's own speed-up is 1 by definition, not a measurement: no interval.
+    table.loc[table.index.get_level_values("method") == "ar", "speedup_vs_ar_ci"] = None
+    records = table.reset_index().to_dict("records")
+    return [{k: None if isinstance(v, float) and pd.isna(v) else v for k, v in r.items()} for r in records]
+
+
+def against_peers(rows: pd.DataFrame) -> list[dict]:
+    """Each of ours over its transformers peer (PEERS) on the same answers, whole call and decode-only: the geometric
+    mean over answers of the ratio, with the 95% Student-t interval of the mean log ratio, exponentiated (none from
+    fewer than MIN_CI_N answers). One record per (method, measure) whose peer ran."""
+    out = []
+    for method, peer in PEERS.items():
+        for value in ("tokens_per_s", "decode_tokens_per_s"):
+            if value not in rows or not {method, peer} <= set(rows["method"]):
+                continue
+            ratios = speedups(rows[rows["method"].isin([method, peer])].astype({value: float}), peer, value=value)
+            logs = ratios.assign(log=np.log(ratios["speedup"])).dropna(subset=["log"])
+            if logs.empty:
+                continue
+            ci = mean_ci(logs, "method", "log").iloc[0]
+            out.append({"method": method, "peer": peer, "measure": value, "answers": int(ci["n"]),
+                        "geometric_mean": float(np.exp(ci["mean"])),
+                        "ci": None if pd.isna(ci["ci_low"]) else [float(np.exp(ci["ci_low"])),
+                                                                  float(np.exp(ci["ci_high"]))]})
+    return out
+
+
+def peers_table(records: list[dict]) -> str:
+    if not records:
+        return ""
+    lines = [f"  {r['method']} / {r['peer']}, {r['measure']}: {_mean_and_ci(r['geometric_mean'], r['ci'], 3)} "
+             f"({r['answers']} answers)" for r in records]
+    return "against the peers: geometric mean over answers [95% CI]\n" + "\n".join(lines)
+
+
+BREAKDOWN = {"wall_s": "wall", "prefill_s": "to first tokens", "first_target_forward_s": "prompt pass",
+             "target_forward_s": "target forwards", "draft_forward_s": "draft forwards",
+             "outside_forwards_s": "outside forwards"}
+
+
+def time_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
+    """Where each method's time went, per answer (a batch's call time over its b rows): the whole call, the time to
+    the first tokens (prefill_s: the prompt's pass, fused or apart), the target's first forward (the prompt's pass,
+    or with it the first verification where fused), every target and draft forward, and the rest; with the forward
+    counts, and the time outside the forwards per target forward (host work per round)."""
+    out = []
+    for method, g in rows.groupby("method", sort=False):
+        b = _batch_sizes(g)
+        row = {"method": method, "answers": len(g)}
+        for column, name in BREAKDOWN.items():
+            row[f"{name} s"] = float((g[column] / b).mean()) if column in g and g[column].notna().all() else None
+        for model in ("target", "draft"):
+            row[f"{model} forwards"] = float((g[f"{model}_forwards"] / b).mean()) if f"{model}_forwards" in g else None
+        per_forward = g["outside_forwards_s"] / g["target_forwards"] if "target_forwards" in g else None
+        row["outside ms per target forward"] = float(per_forward.mean() * 1000) if per_forward is not None else None
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each row's tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without ar."""
+    if "ar" not in set(rows["method"]):
+        return rows.assign(speedup_vs_ar=float("nan"))
+    ratios = speedups(rows, "ar").rename(columns={"speedup": "speedup_vs_ar"})
+    out = rows.merge(ratios, on=["prompt_id", "method"], how="left")
+    out.loc[out["method"] == "ar", "speedup_vs_ar"] = 1.0
+    return out
+
+
+def is_ssd(method: str) -> bool:
+    """An SSD method or a variant of one: its rounds feed Theorem 7."""
+    return parse_variant(method)[0] in ("ssd", "ssd-pipeline")
+
+
+def _profile_at(profile, batch_size: int):
+    """The profile timed at this batch size (its passes cost what a round of b rows costs; a b = 1 profile would
+    price a batched round as one sequence's), or None. profile: one profile, or several by the batch size they were
+    timed at ({b: profile})."""
+    if isinstance(profile, dict):
+        return profile.get(batch_size)
+    return profile if profile is not None and profile.batch_size == batch_size else None
+
+
+def _pricing(profile, config, batch_size: int):
+    """The profile that prices this SSD config's rounds over batch_size rows, or None: K, B and the backup fixed (on
+    auto they change from round to round, and a mix of backups' rounds has no one price), timed at that batch size."""
+    return None if on_auto(config) else _profile_at(profile, batch_size)
+
+
+def profile_prediction(profile, config, batch_size: int, rounds: pd.DataFrame) -> float | None:
+    """Theorem 7's steady-state tokens/s with the profile's latencies and these rounds' hit rates and tokens (None
+    where no profile prices these rounds: ``_pricing``)."""
+    priced = _pricing(profile, config, batch_size)
+    if priced is None:
+        return None
+    own = measured_theorem7(rounds)
+    return theorem7_from_profile(priced, config.k, config.budget, own["p_hit"], own["e_hit"], own["e_miss"],
+                                 config.backup, own["all_hit"])["profile_tokens_per_s"]
+
+
+def _differences(g: pd.DataFrame) -> dict:
+    """Greedy runs: the share of prompts identical to AR, and whether every difference sat at a near-tie."""
+    if g["identical_to_target"].isna().any():
+        return {}
+    out = {"identical_share": float(g["identical_to_target"].astype(bool).mean())}
+    differ = g[~g["identical_to_target"].astype(bool)]
+    if len(differ) and "near_tie" in g:
+        out["differences_at_near_ties"] = bool(differ["near_tie"].eq(True).all())
+        out["largest_margin_at_difference"] = float(differ["margin_at_difference"].max())
+    return out
+
+
+def _batch_sizes(g: pd.DataFrame) -> pd.Series:
+    """Each row's batch size (1 in results stored before batches)."""
+    return g["batch_size"].fillna(1) if "batch_size" in g else pd.Series(1, index=g.index)
+
+
+def _machine_s(g: pd.DataFrame) -> pd.Series:
+    """Each answer's share of the machine's time: its call's wall time over the call's batch size (b answers shared
+    it), so total new tokens over their sum is the total tokens/s."""
+    return g["wall_s"] / _batch_sizes(g)
+
+
+def _mean_of(g: pd.DataFrame, column: str) -> float | None:
+    values = g[column].dropna() if column in g else []
+    return float(values.mean()) if len(values) else None
+
+
+def _decode_rate(g: pd.DataFrame) -> float | None:
+    """New tokens after the prompts' passes over the machine's time after them; None if a row did not time its
+    prefill. (Rows stored before prefill_tokens existed had none: their passes made no token.)"""
+    if "prefill_s" not in g or g["prefill_s"].isna().any():
+        return None
+    prefill_tokens = g["prefill_tokens"].fillna(0) if "prefill_tokens" in g else 0
+    return float((g["new_tokens"] - prefill_tokens).sum() / ((g["wall_s"] - g["prefill_s"]) / _batch_sizes(g)).sum())
+
+
+def summary_table(summary: list[dict]) -> str:
+    columns = ["method", "batch_size", "new_tokens", "wall_s", "tokens_per_s", "sequence_tokens_per_s",
+               "speedup_vs_ar", "decode_tokens_per_s",
+               "decode_speedup_vs_ar", "speedup_vs_peer",
+               "acceptance_rate", "mean_accepted", "mean_k", "mean_budget", "hit_rate", "all_hit_rate", "t_p", "t_b",
+               "predicted_speedup_vs_ar",
+               "profile_tokens_per_s", "decode_over_profile_prediction", "identical_share", "differences_at_near_ties"]
+    frame = pd.DataFrame(summary).reindex(columns=columns).dropna(axis=1, how="all")
+    return frame.to_string(index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def category_table(categories: list[dict]) -> str:
+    """by_category's report, a row per category and method and the overall rows, each figure as mean [95% CI]; a set
+    of one category (HumanEval, prose) shows only the overall rows, which are the same numbers."""
+    frame = pd.DataFrame(categories)
+    if frame["category"].nunique() == 2:
+        frame = frame[frame["category"] == "overall"]
+    out = frame[["category", "method", "answers"]].copy()
+    for value, header in CATEGORY_VALUES.items():
+        if frame[value].notna().any():
+            digits = 2 if value != "speedup_vs_ar" else 3
+            out[header] = [_mean_and_ci(m, ci, digits) for m, ci in zip(frame[value], frame[f"{value}_ci"])]
+    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_N} answers on]"
+    return caption + "\n" + out.to_string(index=False)
+
+
+def _mean_and_ci(mean, ci, digits: int) -> str:
+    if mean is None or pd.isna(mean):
+        return ""
+    return f"{mean:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
