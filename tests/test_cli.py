@@ -133,6 +133,7 @@ def test_the_bench_command_writes_csv_and_json_and_leaves_no_checkpoint(tmp_path
     assert list(pd.read_csv(csv_path).method) == ["ar", "sd"]
 
 
+@pytest.mark.integration
 def test_help_and_argument_errors_answer_before_torch_loads():
     """`python -m ssd --help` and every argument error, of form or of value, import neither torch nor transformers:
     they answer at once (the kit loads in ssd.commands, when a command runs), a value error in the kit's own words."""
