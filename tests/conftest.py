@@ -1,5 +1,6 @@
 import multiprocessing.process
 import os
+import platform
 import subprocess
 
 import pytest
@@ -22,6 +23,9 @@ def pytest_configure(config):
     # Tiny models gain nothing from a second thread, and OpenMP threads that spin waiting for a busy core make
     # them many times slower; the real pair's fixture (cores_of_this_worker) raises the count while it runs.
     torch.set_num_threads(1)
+    # The machine's name (ssd.bench) reads platform.processor(), which runs `uname -p` once per process and keeps the
+    # answer: asked here, no unit test is blamed for it (unit_tests_start_no_process).
+    platform.processor()
     use_ipc_kernels_in_nbval()
     if hasattr(config, "workerinput"):  # an xdist worker (never the controller: the workers would inherit its value)
         # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
