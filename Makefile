@@ -55,9 +55,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup \
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
-# The unit tier alone, one process (faster here than -n 2: 84 s against 121): every test not marked integration (subprocesses, the pipeline's ranks,
-# papermill's kernels, the command line as a process, anything slow), real (the real pair) or gpu; tiny random models
-# at most, and a unit test that starts a process fails (tests/conftest.py). `make test` runs every tier.
+# The unit tier, in one process (here faster than -n 2: 84 s against 121, the machine shared): every test not
+# marked integration (subprocesses, the pipeline's ranks, papermill's kernels, the command line as a process, anything
+# slow), real (the real pair) or gpu; tiny random models at most, and a unit test that starts a process fails
+# (tests/conftest.py). `make test` runs every tier.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -p no:xdist -m "not integration and not real and not gpu" tests
 
