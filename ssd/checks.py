@@ -66,6 +66,11 @@ def check_budget(budget: int) -> int:
     return budget
 
 
+def check_budget_or_auto(budget):
+    """A config's or a variant's B: 'auto' (chosen with K, ssd.core.tuning) or an integer >= 0."""
+    return budget if is_auto(budget) else check_budget(budget)
+
+
 def check_saguaro_c(c: float) -> float:
     if not (isinstance(c, (int, float)) and 0.0 <= c <= 1.0):
         raise ValueError(f"saguaro_c (C) must lie in [0, 1] (1 = plain sampling), got {c!r}")
@@ -91,8 +96,7 @@ def check_decoding(k, a_p, temperature, max_new_tokens) -> None:
 
 def check_ssd(budget, fan_out_strategy, saguaro_c, backup, r) -> None:
     """SSDConfig's own fields that the command line sets too (budget may be 'auto')."""
-    if not is_auto(budget):
-        check_budget(budget)
+    check_budget_or_auto(budget)
     check_strategy(fan_out_strategy)
     check_saguaro_c(saguaro_c)
     check_backup(backup)
@@ -101,35 +105,48 @@ def check_ssd(budget, fan_out_strategy, saguaro_c, backup, r) -> None:
 
 # ---- the bench's method variants -------------------------------------------------------------------------------------
 
-VARIANT_FIELDS = ("k", "budget", "batch_size", "backup")  # integers, or "auto" (k and budget); backup: BACKUPS
+# A variant's fields and the checks the configs run on them (DecodeConfig's and SSDConfig's): a variant the bench
+# would refuse only once the pair is loaded is refused as the command line reads it.
+VARIANT_CHECKS = {
+    "k": check_k,
+    "budget": check_budget_or_auto,
+    "batch_size": lambda value: check_at_least(value, "batch_size"),
+    "backup": check_backup,
+}
+VARIANT_FIELDS = tuple(VARIANT_CHECKS)
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
-    """'sd:k=2' -> ('sd', {'k': 2}); 'ssd:k=auto' -> ('ssd', {'k': 'auto'}); a plain name -> (name, {})."""
+    """'sd:k=2' -> ('sd', {'k': 2}); 'ssd:k=auto' -> ('ssd', {'k': 'auto'}); a plain name -> (name, {}). Each value is
+    checked as the config checks it, in one line that names the variant: 'ar:batch_size=0' fails here."""
     name, *settings = spec.split(":")
     check_method(name)
     overrides = {}
     for setting in settings:
-        field, _, value = setting.partition("=")
-        if field not in VARIANT_FIELDS or not value:
+        field, _, text = setting.partition("=")
+        if field not in VARIANT_FIELDS or not text:
             raise ValueError(f"method variant {spec!r}: each setting after the method must be FIELD=VALUE with FIELD "
                              f"one of {', '.join(VARIANT_FIELDS)}; got {setting!r}")
-        if field == "batch_size" and value == "auto":
-            raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
-        if field == "backup":
-            if value not in BACKUPS:
-                raise ValueError(f"method variant {spec!r}: backup must be one of {', '.join(BACKUPS)}; got {value!r}")
-            overrides[field] = value
-            continue
-        overrides[field] = value if value == "auto" else _integer(value, spec)
+        value = _variant_value(field, text, spec)
+        try:
+            overrides[field] = VARIANT_CHECKS[field](value)
+        except ValueError as e:
+            raise ValueError(f"method variant {spec!r}: {e}") from None
     return name, overrides
 
 
-def _integer(value: str, spec: str) -> int:
+def _variant_value(field: str, text: str, spec: str):
+    """The value a setting's text stands for: backup's name as it is, else 'auto' or an integer."""
+    if field == "backup":
+        return text
+    if text == AUTO:
+        if field == "batch_size":
+            raise ValueError(f"method variant {spec!r}: batch_size is an integer >= 1, not 'auto'")
+        return text
     try:
-        return int(value)
+        return int(text)
     except ValueError:
-        raise ValueError(f"method variant {spec!r}: {value!r} is neither an integer nor 'auto'") from None
+        raise ValueError(f"method variant {spec!r}: {text!r} is neither an integer nor 'auto'") from None
 
 
 def parse_methods(spec: str) -> list[str]:
@@ -142,3 +159,19 @@ def parse_methods(spec: str) -> list[str]:
     if len(set(names)) < len(names):
         raise ValueError(f"methods names one twice: {spec!r}")
     return names
+
+
+def parse_budgets(spec: str) -> list[int]:
+    """hit-rates' '0,1,2,4' -> [0, 1, 2, 4]: the budgets read off one run, each an integer >= 0."""
+    try:
+        budgets = sorted({int(b) for b in spec.split(",")})
+    except ValueError:
+        raise ValueError(f"budgets must be comma-separated integers >= 0 such as 0,1,2,4; got {spec!r}") from None
+    for budget in budgets:
+        check_budget(budget)
+    return budgets
+
+
+def parse_strategies(spec: str) -> list[str]:
+    """hit-rates' 'uniform,geometric' -> ['uniform', 'geometric'], each one of STRATEGIES."""
+    return [check_strategy(s.strip()) for s in spec.split(",")]

@@ -169,15 +169,34 @@ def check_arguments(args) -> None:
     if hasattr(args, "target_dtype"):
         checks.check_precision_name(args.target_dtype, "target_dtype")
         checks.check_precision_name(args.draft_dtype, "draft_dtype")
+    if hasattr(args, "prompts"):  # bench, hit-rates; ssd.bench.prompts is free of torch
+        from .bench.prompts import load_prompts
+
+        load_prompts(args.prompts)
     if args.command == "generate":
         checks.check_method(args.method)
     elif args.command == "bench":
-        checks.parse_methods(args.methods)
+        checks.parse_methods(args.methods)  # every variant's values too: ar:batch_size=0 fails here
+    elif args.command == "hit-rates":
+        check_hit_rates(args)
     elif args.command == "sweep":
         checks.check_at_least(args.jobs, "jobs")
     elif args.command == "profile":
         checks.check_at_least(args.reps, "reps")
         checks.check_at_least(args.batch_size, "batch_size")
+
+
+def check_hit_rates(args) -> None:
+    """hit-rates reads every smaller budget off one run at the largest: exact only at a fixed K, with every miss
+    drafted as SD would (see ssd.core.speculation.counterfactual_hits)."""
+    checks.parse_budgets(args.budgets)
+    checks.parse_strategies(args.strategies)
+    if checks.is_auto(args.k):
+        raise ValueError("k='auto' changes K as the run goes; hit-rates reads every budget off one run at a fixed K: "
+                         "give an integer k")
+    if args.backup != "jit" or args.saguaro_c != 1.0:
+        raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
+                         "--saguaro-c 1 (see ssd.core.speculation.counterfactual_hits)")
 
 
 def bad_input(error) -> int:

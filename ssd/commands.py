@@ -15,7 +15,7 @@ from .analysis import experiments
 from .bench import stats
 from .bench import gpu_check
 from .bench import profile
-from .checks import check_strategy, parse_methods, parse_variant
+from .checks import parse_budgets, parse_methods, parse_strategies, parse_variant
 from .models.cores import check_cores
 from .models.devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
@@ -148,16 +148,8 @@ def cmd_bench(args) -> None:
 
 def cmd_hit_rates(args) -> None:
     """One SSD run at the largest budget (jit backup, C = 1), every smaller budget and strategy counterfactually."""
-    budgets = sorted({int(b) for b in args.budgets.split(",")})
-    strategies = [s.strip() for s in args.strategies.split(",")]
-    for s in strategies:
-        check_strategy(s)
-    if is_auto(args.k):
-        raise ValueError("k='auto' changes K as the run goes; hit-rates reads every budget off one run at a fixed K: "
-                         "give an integer k")
-    if args.backup != "jit" or args.saguaro_c != 1.0:
-        raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
-                         "--saguaro-c 1 (see ssd.core.speculation.counterfactual_hits)")
+    # the arguments are checked (cli.check_hit_rates); parsed again here
+    budgets, strategies = parse_budgets(args.budgets), parse_strategies(args.strategies)
     args.budget = max(budgets)
     prompts = load_prompts(args.prompts)
     pair, config = setup(args)

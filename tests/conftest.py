@@ -1,7 +1,15 @@
+import multiprocessing.process
 import os
+import platform
+import subprocess
 
 import pytest
 import torch
+
+# The tiers (docs/testing.md, "Tiers"): a test is a unit test unless it is marked integration (it starts processes:
+# subprocesses, the pipeline's ranks, papermill's kernels, the command line as a process; or it is slow), real (it
+# loads the real pair) or gpu. `make test-fast` runs the unit tier alone, in under a minute.
+TIERS_BEYOND_UNIT = ("integration", "real", "gpu")
 
 
 def worker_cores() -> int:
@@ -15,6 +23,9 @@ def pytest_configure(config):
     # Tiny models gain nothing from a second thread, and OpenMP threads that spin waiting for a busy core make
     # them many times slower; the real pair's fixture (cores_of_this_worker) raises the count while it runs.
     torch.set_num_threads(1)
+    # The machine's name (ssd.bench) reads platform.processor(), which runs `uname -p` once per process and keeps the
+    # answer: asked here, no unit test is blamed for it (unit_tests_start_no_process).
+    platform.processor()
     use_ipc_kernels_in_nbval()
     if hasattr(config, "workerinput"):  # an xdist worker (never the controller: the workers would inherit its value)
         # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
@@ -66,6 +77,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if group := heavy_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
+        add_tier(item)
+
+
+def add_tier(item) -> None:
+    """A notebook's cells are integration tests (nbval runs them in a kernel); an unmarked test is a unit test, so that
+    a new test lands in the fast tier unless it says otherwise."""
+    if is_notebook(item) or starts_a_drafter(item):
+        item.add_marker(pytest.mark.integration)
+    if not any(item.get_closest_marker(tier) for tier in TIERS_BEYOND_UNIT):
+        item.add_marker(pytest.mark.unit)
+
+
+def starts_a_drafter(item) -> bool:
+    """A case of a test parametrized over the methods whose method is the two-rank pipeline (test_golden's): it spawns
+    the drafter's process, though the test's other cases are unit tests."""
+    params = getattr(item, "callspec", None)
+    return params is not None and "ssd-pipeline" in params.params.values()
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request, monkeypatch):
+    """The unit tier's promise, checked: a unit test that starts a process (a subprocess, a multiprocessing Process:
+    the pipeline's drafter, papermill's kernel) fails, even where the test catches the error."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    started = []
+
+    def refuse(self, *args, **kwargs):  # as Popen.__init__(self, args, ...) or Process.start(self)
+        started.append(args[0] if args else kwargs.get("args", type(self).__name__))
+        raise RuntimeError(f"{request.node.nodeid} is a unit test and started a process ({started[-1]!r}): mark it "
+                           "@pytest.mark.integration (or its module pytestmark = pytest.mark.integration; "
+                           "docs/testing.md, Tiers)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} is a unit test and started a process ({started[0]!r}): mark it integration")
 
 
 def pytest_collection_finish(session):

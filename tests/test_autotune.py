@@ -169,6 +169,7 @@ def test_a_windowed_calibrator_keeps_the_last_ranks_of_each_kind():
     assert calibrator.ranks == {"recovered": [5, 6, 7], "bonus": [9]}
 
 
+@pytest.mark.integration
 def test_the_pipeline_on_auto_is_ar_and_matches_one_process(pair):
     fields = dict(k="auto", budget="auto", fan_out_strategy="calibrated", max_new_tokens=32, temperature=0.8)
     close_pipelines()  # both ranks start from the prior: a fresh Autotune here, a fresh drafter process there
@@ -191,6 +192,7 @@ def test_the_pipeline_on_auto_is_ar_and_matches_one_process(pair):
     assert greedy[0] == ar_tokens(pair, 32)
 
 
+@pytest.mark.integration
 def test_sampled_outputs_on_auto_follow_the_target_distribution(monkeypatch):
     monkeypatch.setattr(tuning, "EVERY", 1)
     pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)

@@ -71,6 +71,7 @@ def test_every_row_of_a_ragged_batch_equals_ar_alone(pair, name, b):
         assert 0 < sum(r.accepted for t in traces for r in t.rounds) < drafted  # rows rejected: holes were made
 
 
+@pytest.mark.integration
 def test_the_pipeline_decodes_a_batch_as_ssd_does_in_one_process(pair):
     """Each row equals AR alone, and the two ranks give generate_ssd's tokens and hits, at T = 0 and T = 1."""
     try:
@@ -173,6 +174,7 @@ def test_a_rollback_masks_a_rows_tail_and_a_retired_row_leaves_the_batch(pair, m
 # ---- temperature > 0 -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["sd", "ssd"])
 def test_each_row_of_a_sampled_batch_follows_the_target(name):
     """Two rows decoded together, each counted against its own prompt's exact target distribution."""

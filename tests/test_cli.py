@@ -23,12 +23,39 @@ from ssd.bench.prompts import load_prompts, prompt_set
         (["bench", "--threads", "0"], "threads must be an integer >= 1"),
         (["generate", "--prompt", "x", "--pair", "nope"], "pair 'nope' is not known"),
         (["hit-rates", "--saguaro-c", "0.5"], "exact only with --backup jit and --saguaro-c 1"),
+        (["hit-rates", "--budgets", "0,x"], "budgets must be comma-separated integers >= 0"),
+        (["hit-rates", "--strategies", "uniform,zipf"], "fan_out_strategy must be one of"),
+        (["hit-rates", "-k", "auto"], "hit-rates reads every budget off one run at a fixed K"),
     ],
 )
 def test_bad_arguments_fail_fast_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+@pytest.mark.parametrize(
+    "variant,message",
+    [
+        ("ar:batch_size=0", "batch_size must be an integer >= 1, got 0"),
+        ("sd:k=0", "k (the draft length K) must be an integer >= 1 or 'auto', got 0"),
+        ("ssd:budget=-1", "budget (B, the number of cached outcomes) must be an integer >= 0, got -1"),
+        ("ssd:backup=slow", "backup must be one of jit, fast, auto; got 'slow'"),
+    ],
+)
+def test_a_variants_bad_value_fails_before_any_model_loads(variant, message, monkeypatch, capsys):
+    """A variant's value is checked as the config checks it, as the command line reads it: one line naming the
+    variant, the parameter and what it allows, and no model loaded (the bench would otherwise load the pair first)."""
+    import ssd.commands
+    import ssd.models.loading
+
+    def loads(*args, **kwargs):
+        pytest.fail(f"a model loaded for {variant!r}, whose value the command line should have refused")
+
+    monkeypatch.setattr(ssd.models.loading, "load_pair", loads)
+    monkeypatch.setattr(ssd.commands, "load_pair", loads)  # ssd.commands holds its own name for it
+    assert main(["bench", "--pair", "tiny", "--methods", f"ar,{variant}"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: method variant {variant!r}: {message}"]
 
 
 def test_prompt_specs(tmp_path):
@@ -106,6 +133,7 @@ def test_the_bench_command_writes_csv_and_json_and_leaves_no_checkpoint(tmp_path
     assert list(pd.read_csv(csv_path).method) == ["ar", "sd"]
 
 
+@pytest.mark.integration
 def test_help_and_argument_errors_answer_before_torch_loads():
     """`python -m ssd --help` and every argument error, of form or of value, import neither torch nor transformers:
     they answer at once (the kit loads in ssd.commands, when a command runs), a value error in the kit's own words."""

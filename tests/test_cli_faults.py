@@ -60,6 +60,7 @@ def children(pid: int) -> list[int]:
         return [int(c) for c in f.read().split()]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the drafter through /proc (Linux)")
 def test_killing_the_drafter_mid_bench_is_one_line_and_exit_1(tmp_path):
     argv = [sys.executable, "-m", "ssd", "bench", "--pair", "tiny", "--methods", "ssd-pipeline", "--prompts",

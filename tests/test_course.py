@@ -15,6 +15,7 @@ def notebook(path, source):
     nbformat.write(nb, str(path))
 
 
+@pytest.mark.integration
 def test_the_course_runs_the_numbered_notebooks_in_order_in_their_folder(tmp_path):
     course = tmp_path / "notebooks"
     course.mkdir()
@@ -31,6 +32,7 @@ def test_the_course_runs_the_numbered_notebooks_in_order_in_their_folder(tmp_pat
     assert sorted(os.listdir(tmp_path / "out")) == ["00_a.ipynb", "01_b.ipynb"]
 
 
+@pytest.mark.integration
 def test_a_failing_notebook_stops_the_course_and_is_kept_as_failed(tmp_path):
     course = tmp_path / "notebooks"
     course.mkdir()

@@ -103,6 +103,7 @@ def test_trace_frame_has_one_row_per_round(pairs):
 # ---- temperature > 0: the distribution of whole outputs is the target's ----------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method,k", [(generate_ar, 1), (generate_sd, 1), (generate_sd, 2)])
 def test_sampled_outputs_follow_the_target_distribution(method, k):
     pair = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)

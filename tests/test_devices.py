@@ -151,6 +151,7 @@ def test_the_bench_warms_a_gpu_up_over_a_whole_answer(monkeypatch, device, token
 # ---- make gpu-check ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(accelerator() is not None, reason="this machine has a GPU: gpu-check would run")
 def test_gpu_check_stops_at_once_without_a_gpu(tmp_path):
     out = tmp_path / "gpu_check.json"

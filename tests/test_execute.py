@@ -5,7 +5,10 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 from ssd.course.kernel import IpcKernelManager, execute_notebook
+
+pytestmark = pytest.mark.integration  # kernels and `python -m ssd.execute`
 
 # The kernel writes what it was started with: its transport, and where it ran.
 REPORT = """

@@ -70,6 +70,7 @@ def test_greedy_identical_reports_identity_per_prompt_and_method(pair, prompts):
         greedy_identical(pair, prompts, ["sd"], DecodeConfig(temperature=0.5))
 
 
+@pytest.mark.integration
 def test_distribution_check_passes_sd_and_fails_outputs_from_another_distribution():
     toy = tiny_pair(vocab_size=6, agreement_noise=0.2, seed=2)
     prompt, config = [1, 4, 2], DecodeConfig(k=2, temperature=0.9, max_new_tokens=3)

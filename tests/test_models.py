@@ -307,6 +307,7 @@ def test_interrupted_first_load_leaves_no_cache(tmp_path, private_cache, monkeyp
     assert list((private_cache / "models").iterdir()) == []
 
 
+@pytest.mark.integration
 def test_work_folder_of_a_dead_process_is_cleared(tmp_path, private_cache, monkeypatch):
     spec = shipped_spec(tmp_path, monkeypatch, tiny_pair().target, "stale")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -10,6 +10,8 @@ import pytest
 from ssd.course.notebooks import course_notebooks
 from ssd.course.kernel import execute_notebook
 
+pytestmark = pytest.mark.integration  # papermill's kernels
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [os.path.basename(p) for p in course_notebooks(str(ROOT / "notebooks"))]
 

@@ -73,6 +73,7 @@ GREEDY = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("options", GREEDY, ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_greedy_pipeline_is_token_identical_to_the_target(pair, options):
     cfg = config(k=4, max_new_tokens=30, **options)
@@ -86,6 +87,7 @@ def test_greedy_pipeline_is_token_identical_to_the_target(pair, options):
             assert trace.hit_rate == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "options",
     [
@@ -108,6 +110,7 @@ def test_sampled_pipeline_yields_generate_ssd_tokens_for_the_same_seed(pair, opt
     assert 0 < sum(hits) < len(hits)  # hits and misses (backups) both exercised
 
 
+@pytest.mark.integration
 def test_max_new_tokens_one_and_a_short_last_round(pair):
     for n in (1, 2, 6):
         cfg = config(k=4, temperature=0.8, max_new_tokens=n, budget=4)
@@ -117,6 +120,7 @@ def test_max_new_tokens_one_and_a_short_last_round(pair):
         assert len(tokens) == n
 
 
+@pytest.mark.integration
 def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
     _, trace, _ = run(generate_ssd_pipeline, pair, [5, 6, 7], 0, config(k=4, temperature=1.0, max_new_tokens=60,
                                                                         budget=8))
@@ -158,6 +162,7 @@ def test_the_clock_offset_of_one_exchange():
     assert clock_offset(sent_s=0.0, received_s=101.0, replied_s=110.0, answered_s=13.0) == 99.0
 
 
+@pytest.mark.integration
 def test_the_drafter_loads_its_draft_at_the_pairs_precision():
     """A pair whose draft is int8: the spawned drafter loads its own draft at int8 too, so the pipeline makes the same
     decisions as one-process SSD on that pair, and the target's tokens."""
@@ -173,6 +178,7 @@ def test_the_drafter_loads_its_draft_at_the_pairs_precision():
     assert 0 < trace.prefill_s < trace.wall_s  # the prompt's pass: round 0's verify pass fed it
 
 
+@pytest.mark.integration
 def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     cfg = config(k=3, max_new_tokens=8, budget=4)
     pipeline = pipeline_for(pair, cfg)
@@ -183,6 +189,7 @@ def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
 
 
+@pytest.mark.integration
 def test_the_ranks_first_work_may_take_both_ranks_cores(pair, monkeypatch):
     """Each rank waits idle for the other's first work: a local drafter on a core of its own is offered both ranks'
     cores (the Start message) for its prompt pass, first drafts and round 0's pre-speculation, which the verifier's
@@ -203,6 +210,7 @@ def test_the_ranks_first_work_may_take_both_ranks_cores(pair, monkeypatch):
     assert tokens == generate_ar(pair, [1, 2, 3], cfg, torch.Generator())[0]
 
 
+@pytest.mark.integration
 def test_bench_summary_of_the_pipeline_has_hit_rate_and_theorem_7(pair):
     cfg = config(k=4, temperature=1.0, max_new_tokens=30, budget=8)
     rows, frames = [], []
@@ -254,6 +262,7 @@ def test_cores_parse():
     assert parse_cores("0", "c") == [0] and parse_cores(" 2-4, 0", "c") == [0, 2, 3, 4]
 
 
+@pytest.mark.integration
 def test_bad_pipeline_arguments_fail_before_a_drafter_starts(pair):
     close_pipelines()
     with pytest.raises(ValueError, match="drafter_cores='999' names cores \\[999\\] that this machine does not offer"):
@@ -325,12 +334,14 @@ def assert_ended(pipeline, started: float, within_s: float):
     assert time.monotonic() - started < within_s
 
 
+@pytest.mark.integration
 def test_a_drafter_that_raises_while_loading_is_reported_with_its_traceback():
     with pytest.raises(PipelineError, match="(?s)exited with code 1.*RuntimeError: the draft failed on purpose"):
         start("raise", 0)
     assert not ssd.pipeline.launch._open
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "fault,match",
     [
@@ -346,6 +357,7 @@ def test_a_drafter_that_fails_mid_generation_is_reported(fault, match):
     assert_ended(pipeline, started, 5)
 
 
+@pytest.mark.integration
 def test_a_drafter_that_hangs_mid_generation_times_out_and_is_stopped():
     # 3 s, not 1: the first drafts come after the drafter's prompts' pass, first drafts and round 0's pre-speculation,
     # which on a machine busy with the other tests' worker once took over 1 s (a timeout before the hang).
@@ -359,6 +371,7 @@ def test_a_drafter_that_hangs_mid_generation_times_out_and_is_stopped():
     assert pipeline.process.exitcode == -signal.SIGKILL
 
 
+@pytest.mark.integration
 def test_a_drafter_that_hangs_while_loading_times_out():
     close_pipelines()
     started = time.monotonic()
@@ -368,6 +381,7 @@ def test_a_drafter_that_hangs_while_loading_times_out():
     assert time.monotonic() - started < 15 and not ssd.pipeline.launch._open
 
 
+@pytest.mark.integration
 def test_ctrl_c_in_the_verifier_ends_both_ranks():
     # A process started in the background by a shell inherits SIGINT ignored, and then interrupt_main does nothing;
     # a Jupyter kernel, like an interactive python, turns SIGINT into KeyboardInterrupt. Test that case.
@@ -394,6 +408,7 @@ def state(pid: int) -> str | None:
         return None
 
 
+@pytest.mark.integration
 def test_a_drafter_whose_verifier_is_killed_exits_by_itself():
     close_pipelines()
     script = ("from ssd.models.loading import tiny_pair\nfrom ssd.pipeline.launch import Pipeline\nimport time\n"
@@ -419,6 +434,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.integration
 def test_torchrun_ranks_serve_the_same_tokens(monkeypatch):
     """Rank 1 as torchrun starts it (`python -m ssd.torchrun ARGS`), rank 0 here; the same env on both."""
     close_pipelines()

@@ -41,6 +41,7 @@ def test_forward_ms_times_a_pass_and_leaves_no_state(pair):
     assert 0 < ms < 5000
 
 
+@pytest.mark.integration
 def test_measure_gives_curves_ratios_and_a_floor(pair):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     assert sorted(p.target_ms) == [1, 2, 5] and sorted(p.draft_ms) == [1, 4, 8]
@@ -56,6 +57,7 @@ def test_measure_gives_curves_ratios_and_a_floor(pair):
         p.draft_at(64)
 
 
+@pytest.mark.integration
 def test_profile_round_trips_through_json(pair, tmp_path):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     prof.save(p, tmp_path / "p.json")
@@ -85,6 +87,7 @@ def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
     assert all(c[:2] == (16, 16) and c[3] == prof.TREE_DEPTHS for c in calls)
 
 
+@pytest.mark.integration
 def test_a_profile_at_batch_b_times_every_pass_over_b_rows(pair, monkeypatch, tmp_path):
     """The target over b rows of n tokens, the tree over B branches of each of b sequences, the glue over b rows; a
     profile at b answers only for b, under its own names; b = 1 keeps the names it always had."""
@@ -115,6 +118,7 @@ def test_a_profile_at_batch_b_times_every_pass_over_b_rows(pair, monkeypatch, tm
         measure(pair, verifier_cores=V, drafter_cores=D, batch_size=0, **SMALL)
 
 
+@pytest.mark.integration
 def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     old = p.to_dict()
@@ -125,6 +129,7 @@ def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
     assert "glue" not in set(back.to_frame().role)
 
 
+@pytest.mark.integration
 def test_cached_profile_measures_once_per_core_set(pair, monkeypatch, private_cache):
     first = cached_profile(pair, verifier_cores=V, drafter_cores=D, progress=False, **SMALL)
     monkeypatch.setattr(prof, "measure", lambda *a, **k: pytest.fail("measured twice"))
@@ -242,6 +247,7 @@ def test_regime_reads_v_and_c_off_the_curves():
     assert cheap["v"] == pytest.approx(1.0) and cheap["sd_speedup_at_a_0.8"] > 2  # the GPU-like regime
 
 
+@pytest.mark.integration
 def test_cli_profile_writes_json_and_a_figure(tmp_path, capsys):
     out, fig = tmp_path / "p.json", tmp_path / "p.png"
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
@@ -259,6 +265,7 @@ def test_cli_profile_rejects_bad_input(capsys):
     assert "target_dtype must be one of" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_profiles_at_several_precisions_are_kept_apart(private_cache):
     out = experiments.profiles_at("tiny", [("float32", "float32"), ("bfloat16", "int8"), ("float32", "float32")],
                            verifier_cores=V, drafter_cores=D, progress=False)
@@ -268,6 +275,7 @@ def test_profiles_at_several_precisions_are_kept_apart(private_cache):
     assert len(list((private_cache / "profiles").glob("*.json"))) == 2
 
 
+@pytest.mark.integration
 def test_a_stored_profile_of_this_kind_of_machine_is_read_not_measured(pair, monkeypatch, tmp_path, private_cache):
     """A profile kept with the kit (data/profiles) answers for this pair here when the pair, its precisions, the kind
     of machine, the cores and the sizes are the same: its timings and date never count."""
@@ -284,6 +292,7 @@ def test_a_stored_profile_of_this_kind_of_machine_is_read_not_measured(pair, mon
     assert not (private_cache / "profiles").exists()  # read from the store, nothing written to the user cache
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("change", ["precision", "flags", "cores", "sizes", "pair"])
 def test_a_stored_profile_of_another_kind_precision_or_setting_is_not_used(pair, tmp_path, change):
     measured = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
@@ -301,6 +310,7 @@ def test_a_stored_profile_of_another_kind_precision_or_setting_is_not_used(pair,
     assert prof.stored_profile(str(tmp_path), pair, verifier_cores=V, drafter_cores=D, **SMALL) is None
 
 
+@pytest.mark.integration
 def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
                  "--store", str(tmp_path / "store")]) == 0
@@ -308,6 +318,7 @@ def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
     assert path.name.startswith("tiny_float32_float32_") and prof.load(path).pair == "tiny"
 
 
+@pytest.mark.integration
 def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
                  "--batch-size", "2", "--store", str(tmp_path / "store")]) == 0
@@ -319,6 +330,7 @@ def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
     assert "batch_size must be an integer >= 1" in err and "\n" not in err
 
 
+@pytest.mark.integration
 def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypatch, tmp_path, private_cache):
     """The backup on auto is the command line's default: generate on a kind of machine the kit has a profile of
     reads it (data/profiles) rather than spend minutes measuring; a fixed run fetches none."""
@@ -339,6 +351,7 @@ def test_a_run_on_auto_reads_the_kits_stored_profile_of_this_kind(pair, monkeypa
     assert _autotune(args, pair, PipelineConfig(backup="jit"), {1}) is None
 
 
+@pytest.mark.integration
 def test_a_bench_fetches_a_profile_only_for_a_method_that_tunes(monkeypatch, private_cache):
     """With the backup on auto by default, ar and SD at a fixed K have nothing to tune and never wait for a
     profile; SSD prices its backup on one (the tiny pair's: no stored profile, so measured once)."""

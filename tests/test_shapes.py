@@ -60,6 +60,7 @@ def test_bad_input_fails_fast_naming_the_parameter(name, value, message):
         shapes.random_pair(**args)
 
 
+@pytest.mark.integration
 def test_gpu_checks_profiles_of_the_shapes_at_each_batch_size(small, tmp_path):
     out = tmp_path / "shapes.json"
     gpu_check.profile_shapes("cpu", "float32", str(out), batches=(1, 2))

@@ -84,6 +84,7 @@ def test_proposers_commit_what_the_verdict_accepted(pair):
 STRATEGIES = ["uniform", "geometric", "calibrated"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backup", ["jit", "fast"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_greedy_ssd_is_token_identical_to_the_target(pair, strategy, backup):
@@ -153,6 +154,7 @@ def test_counterfactual_estimates_kept_apart_for_backup_drafted_rounds(pair):
 # ---- temperature > 0: Saguaro and the fast backup stay lossless -------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "options",
     [
@@ -168,6 +170,7 @@ def test_sampled_outputs_follow_the_target_distribution(options):
     assert sampled_fit(options) > ALPHA
 
 
+@pytest.mark.integration
 def test_the_statistical_test_catches_drafting_from_another_q_than_verify_sees(monkeypatch):
     """Saguaro's classic defect: the draft samples from one q and verification uses another."""
     real = ssd.core.proposers.draw

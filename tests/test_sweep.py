@@ -116,6 +116,7 @@ def test_kernels_share_the_cores_the_caller_allows(monkeypatch):
     assert sweep.kernel_threads(1) == cores
 
 
+@pytest.mark.integration
 def test_a_notebook_that_takes_figures_dir_saves_each_points_figures_beside_its_notebook(tmp_path):
     body = ("import os, pandas as pd\nos.makedirs(figures_dir, exist_ok=True)\n"
             "open(os.path.join(figures_dir, 'f.png'), 'w').write(str(x))\n"
@@ -144,6 +145,7 @@ def swept(tmp_path_factory):
     return directory, grid
 
 
+@pytest.mark.integration
 def test_a_sweep_records_every_point_once_with_its_parameters(swept):
     directory, grid = swept
     frame = data(directory)
@@ -159,6 +161,7 @@ def test_a_sweep_records_every_point_once_with_its_parameters(swept):
     assert sorted(os.listdir(runs)) == sorted([f"{i}.ipynb" for i in ids] + [f"{i}.csv" for i in ids])
 
 
+@pytest.mark.integration
 def test_a_rerun_runs_nothing(swept, monkeypatch):
     directory, grid = swept
     before = (directory / "data" / "demo.csv").read_bytes()
@@ -167,6 +170,7 @@ def test_a_rerun_runs_nothing(swept, monkeypatch):
     assert (directory / "data" / "demo.csv").read_bytes() == before
 
 
+@pytest.mark.integration
 def test_two_jobs_give_the_same_rows(swept, tmp_path):
     directory, grid = swept
     assert sweep.run_sweep(grid, jobs=2, **dirs(tmp_path)) == []
@@ -177,6 +181,7 @@ def test_two_jobs_give_the_same_rows(swept, tmp_path):
                                   two.drop(columns="omp").sort_values(key).reset_index(drop=True))
 
 
+@pytest.mark.integration
 def test_a_failing_point_is_reported_not_recorded_and_retried_later(tmp_path, capsys):
     grid_file = write_grid(tmp_path, grid={"x": [-1, 2]})
     bad, good = (p.point_id for p in sweep.load_grid(grid_file).points())
@@ -241,6 +246,7 @@ def wait_for(condition, timeout=60):
         time.sleep(0.1)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
 def test_killed_sweeps_resume_with_every_point_exactly_once(tmp_path, capsys):
     grid_file = write_grid(tmp_path, grid={"x": [1, 2, 3]}, parameters={"label": "b", "sleep_s": 0.5})
