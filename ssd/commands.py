@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import torch
 
-from .bench import results, summary
+from .bench import records, summaries
 from .bench import run as bench
 from .course import notebooks as course
 from .analysis import experiments
@@ -124,15 +124,15 @@ def cmd_bench(args) -> None:
                              checkpoint=checkpoint, batch_size=args.batch_size,
                              autotune=Autotune(profiles) if tuned else None)
     result.pop("spans")  # the timeline's: a JSON keeps the rows and their summaries
-    result = {"args": vars(args) | {"pair": pair.name}, "environment": results.environment(pair.target.device),
+    result = {"args": vars(args) | {"pair": pair.name}, "environment": records.environment(pair.target.device),
               "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None,
               "batch_profiles": {str(b): p.to_dict() for b, p in profiles.items() if b != 1}, **result}
-    print(summary.summary_table(result["summary"]))
+    print(summaries.summary_table(result["summary"]))
     print()
-    print(summary.category_table(result["categories"]))
+    print(summaries.category_table(result["categories"]))
     if result["peers"]:
         print()
-        print(summary.peers_table(result["peers"]))
+        print(summaries.peers_table(result["peers"]))
     print()
     print("where the time went, per answer:")
     print(pd.DataFrame(result["breakdown"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from ssd.bench import run as bench
-from ssd.bench import results
+from ssd.bench import records
 from ssd.analysis import experiments, plots
 from ssd.core import tuning
 from ssd.checks import parse_methods, parse_variant
@@ -279,18 +279,18 @@ def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
 def stored_bench(pair, **precision) -> dict:
     """A stored bench of `pair` as `python -m ssd bench --json` writes it, measured on this kind of machine."""
     return {"args": {"pair": pair.name}, "precision": pair.precisions.as_dict() | precision,
-            "environment": results.environment(pair.target.device), "rows": [], "summary": SUMMARY}
+            "environment": records.environment(pair.target.device), "rows": [], "summary": SUMMARY}
 
 
 def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
     path = tmp_path / "bench.json"
-    assert results.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+    assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
     path.write_text(json.dumps(stored_bench(pair)))
-    assert results.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
-    assert results.stored(str(path), pair)["source"] == str(path) and results.stored(str(tmp_path / "none.json"), pair) is None
+    assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
+    assert records.stored(str(path), pair)["source"] == str(path) and records.stored(str(tmp_path / "none.json"), pair) is None
     path.write_text(json.dumps(stored_bench(pair) | {"args": {"pair": "another"}}))
-    assert results.stored(str(path), pair) is None  # measured on another pair: not this one's
-    assert "not on" in results.not_stored_line(str(path), pair)
+    assert records.stored(str(path), pair) is None  # measured on another pair: not this one's
+    assert "not on" in records.not_stored_line(str(path), pair)
 
 
 def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_auto(tmp_path, pair):
@@ -299,13 +299,13 @@ def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_au
     other_timings = {"reason": "auto: target float32 (float32 1013 ms, bfloat16 1467 ms)",
                      "measured_ms": {"target": {"float32": 1013.2, "bfloat16": 1467.5}, "draft": {"float32": 210.7}}}
     path.write_text(json.dumps(stored_bench(pair, **other_timings)))
-    found = results.stored(str(path), pair)
+    found = records.stored(str(path), pair)
     assert found["source"] == str(path) and found["elsewhere"] is None  # this kind of machine: no note
     for role in ("target", "draft"):
         path.write_text(json.dumps(stored_bench(pair, **{role: "int8"})))
-        assert results.stored(str(path), pair) is None, role  # another precision: another model's numbers
-        assert results.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
-        assert f"{role} int8" in results.not_stored_line(str(path), pair)
+        assert records.stored(str(path), pair) is None, role  # another precision: another model's numbers
+        assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+        assert f"{role} int8" in records.not_stored_line(str(path), pair)
 
 
 def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path, pair):
@@ -317,16 +317,16 @@ def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path
     cap = here | {"isa": isa, "flags": flags, "cores": 64}
     result["environment"] |= {"capability": cap, "cpu_count": 64, "date": "2020-01-01T00:00:00+00:00"}
     path.write_text(json.dumps(result))
-    note = results.stored(str(path), pair)["elsewhere"]
+    note = records.stored(str(path), pair)["elsewhere"]
     assert "another kind of machine" in note and f"{isa} ({', '.join(flags)})" in note and "\n" not in note
     result["environment"] = stored_bench(pair)["environment"] | {"cpu_count": 64, "date": "2020-01-01T00:00:00+00:00",
                                                                  "torch_threads": 7}
     path.write_text(json.dumps(result))
-    assert results.stored(str(path), pair)["elsewhere"] is None  # dates, threads and core counts do not make a kind
+    assert records.stored(str(path), pair)["elsewhere"] is None  # dates, threads and core counts do not make a kind
     path.write_text(json.dumps({k: v for k, v in result.items() if k != "environment"}))
-    assert "did not record" in results.stored(str(path), pair)["elsewhere"]  # stored before environments were
+    assert "did not record" in records.stored(str(path), pair)["elsewhere"]  # stored before environments were
     kind = machine_kind("cpu")
-    assert kind_of(results.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
+    assert kind_of(records.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
                                                                              "device_name": "NVIDIA H200"})) == "NVIDIA H200"
 
 

@@ -9,7 +9,7 @@ import transformers
 from ssd.bench import run as bench
 from ssd.core import cached_model
 from ssd.bench.run import run_bench
-from ssd.bench.summary import summarize
+from ssd.bench.summaries import summarize
 from ssd.core.cached_model import CachedModel
 from ssd.core.latencies import Profile
 from ssd.core.tuning import Autotune

@@ -79,7 +79,7 @@ def test_prompt_specs(tmp_path):
 
 
 def test_a_bench_json_reads_back_as_its_rows(tmp_path):
-    from ssd.bench.results import load_rows
+    from ssd.bench.records import load_rows
 
     path = str(tmp_path / "bench.json")
     argv = ["bench", "--pair", "tiny", "--methods", "ar,sd", "--prompts", "prose[0:2]", "--max-new-tokens", "4",

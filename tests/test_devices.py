@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ssd.models.devices
-from ssd.bench import run as bench, gpu_check
+from ssd.bench import gpu_check, run as bench
 from ssd import cli, commands
 from ssd.models import loading as models
 from ssd.models.devices import accelerator, drafter_device, resolve_device

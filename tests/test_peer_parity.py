@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ssd.bench import run as bench
-from ssd.bench import summary
+from ssd.bench import summaries
 from ssd.core.cached_model import CachedModel
 from ssd.core.decoding import DecodeConfig
 from ssd.bench.methods import METHODS
@@ -77,13 +77,13 @@ def test_ratios_to_the_peers_are_geometric_means_over_answers_with_an_interval()
     rows = pd.DataFrame([{"prompt_id": p, "method": m, "tokens_per_s": 10.0 * (r if m == "sd" else 1.0),
                           "decode_tokens_per_s": 20.0 * (r if m == "sd" else 1.0)}
                          for p, r in ratios.items() for m in ("sd", "hf-sd", "ar")])
-    (whole, decode) = summary.against_peers(rows)
+    (whole, decode) = summaries.against_peers(rows)
     expected = math.exp(sum(math.log(r) for r in ratios.values()) / 3)
     assert whole["method"] == "sd" and whole["peer"] == "hf-sd" and whole["answers"] == 3
     assert whole["geometric_mean"] == pytest.approx(expected) and decode["geometric_mean"] == pytest.approx(expected)
     assert whole["ci"][0] < expected < whole["ci"][1]
-    assert "sd / hf-sd, tokens_per_s: " in summary.peers_table([whole])
-    assert summary.against_peers(rows[rows.method != "hf-sd"]) == []  # no peer ran: nothing to say
+    assert "sd / hf-sd, tokens_per_s: " in summaries.peers_table([whole])
+    assert summaries.against_peers(rows[rows.method != "hf-sd"]) == []  # no peer ran: nothing to say
 
 
 @pytest.mark.parametrize("methods", [["ar", "hf-ar", "sd", "hf-sd"], ["hf-sd", "ar", "sd:k=2", "sd", "hf-ar"],
@@ -92,10 +92,10 @@ def test_each_of_ours_answers_next_to_its_peer_and_no_method_always_first(method
     orders = [bench.answer_order(methods, j) for j in range(8)]
     for order in orders:
         assert sorted(order) == sorted(methods)  # every method once
-        for ours, peer in summary.PEERS.items():
+        for ours, peer in summaries.PEERS.items():
             if {ours, peer} <= set(methods):
                 assert abs(order.index(ours) - order.index(peer)) == 1  # a slow spell falls on both or neither
-    for ours, peer in summary.PEERS.items():
+    for ours, peer in summaries.PEERS.items():
         if {ours, peer} <= set(methods):
             assert sum(o.index(ours) < o.index(peer) for o in orders) == 4  # each goes first half the time
     assert len({o[0] for o in orders}) > 1 and len({o[-1] for o in orders}) > 1

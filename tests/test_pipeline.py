@@ -22,7 +22,7 @@ import torch
 import ssd.bench.methods
 import ssd.pipeline.launch
 from ssd.bench.run import run_one
-from ssd.bench.summary import summarize
+from ssd.bench.summaries import summarize
 from ssd.cli import build_parser, main
 from ssd.commands import setup
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd

@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 
-from ssd.analysis import plots, style, timeline, tokens  # noqa: E402
+from ssd.analysis import coloured_text, plots, style, timeline# noqa: E402
 from ssd.core.trace import token_roles  # noqa: E402
 from ssd.bench.stats import mean_ci  # noqa: E402
 from ssd.core.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
@@ -319,7 +319,7 @@ def test_coloured_tokens_html_escapes_and_keeps_newlines():
     text = "a<b\n&c"
     ids = [ord(ch) for ch in text]
     rounds = frame((3, 2, 3), (3, 3, 3))  # accepted accepted recovered, accepted x3 (cut)
-    out = tokens.coloured_tokens(CharTokenizer(), ids, rounds)
+    out = coloured_text.coloured_tokens(CharTokenizer(), ids, rounds)
     body = out.data
     assert "&lt;" in body and "<b" not in body.replace("<b>", "") and "&amp;" in body
     assert "white-space:pre-wrap" in body and "\n" in body
@@ -327,7 +327,7 @@ def test_coloured_tokens_html_escapes_and_keeps_newlines():
         assert f"ssd-{role}" in body  # legend names every role
     assert body.count('class="ssd-recovered"') == 2  # the legend entry and one token
     with pytest.raises(ValueError, match="6 new tokens"):
-        tokens.coloured_tokens(CharTokenizer(), ids[:-1], rounds)
+        coloured_text.coloured_tokens(CharTokenizer(), ids[:-1], rounds)
 
 
 class ByteTokenizer:
@@ -339,8 +339,8 @@ class ByteTokenizer:
 
 def test_token_pieces_give_a_split_character_to_the_token_completing_it():
     ids = list("é!".encode())
-    assert tokens.token_pieces(ByteTokenizer(), ids) == ["", "é", "!"]
-    assert tokens.token_pieces(None, [5, 6]) == ["5 ", "6 "]
+    assert coloured_text.token_pieces(ByteTokenizer(), ids) == ["", "é", "!"]
+    assert coloured_text.token_pieces(None, [5, 6]) == ["5 ", "6 "]
 
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
@@ -363,7 +363,7 @@ def test_roles_match_a_real_trace(method):
     for r, end in zip(trace.rounds, ends):
         if r.new_tokens > r.accepted:
             assert new[end] == r.token and roles[end] != "accepted"
-    html = tokens.coloured_tokens(None, new, trace.to_frame()).data
+    html = coloured_text.coloured_tokens(None, new, trace.to_frame()).data
     assert html.count("<span") == len(new) + 4
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from ssd.bench import run as bench
-from ssd.bench.summary import summarize
+from ssd.bench.summaries import summarize
 from ssd.analysis import experiments
 from ssd.bench import profile as prof
 from ssd.cli import main

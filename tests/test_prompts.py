@@ -8,7 +8,7 @@ import torch
 
 from ssd import DecodeConfig, checks, generate_ar, tiny_pair
 from ssd.core.decoding import batchable
-from ssd.bench.results import load_rows
+from ssd.bench.records import load_rows
 from ssd.bench.run import run_bench
 from ssd.cli import main
 from ssd.bench.methods import METHODS

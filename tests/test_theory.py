@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ssd.bench.summary import summarize
+from ssd.bench.summaries import summarize
 from ssd.core.theory import (all_hit_rate, critical_batch_size, expected_tokens, measured_theorem7, pipelined_speedup,
                         sd_speedup, theorem7_speedup)
 

@@ -15,14 +15,15 @@ from ssd.core.speculation import SSDConfig
 from ssd.core.trace import Span
 from ssd.core.verify import Verdict
 from ssd.models.loading import Pair, tiny_pair
-from ssd.pipeline.launch import WIRE, Pipeline, PipelineConfig, PipelineError, close_pipelines
-from ssd.pipeline.protocol import DraftMessage, LastReports, Outcome, Ready, Report, Start, Stop
+from ssd.core.round import DraftMessage, Outcome, Report
+from ssd.pipeline.launch import Pipeline, PipelineError, close_pipelines
+from ssd.pipeline.protocol import WIRE_TYPES, LastReports, Ready, Start, Stop
 from ssd.pipeline.transport import Channel
 from ssd.pipeline.wire import MAX_RECORD_BYTES, Wire, WireError
 
 from .test_pipeline import DRAFTER, PAIR_ARGS, VERIFIER
 
-wire = Wire(WIRE)
+wire = Wire(WIRE_TYPES)
 
 
 def profile() -> Profile:
@@ -44,16 +45,19 @@ def generator_state() -> torch.Tensor:
 
 MESSAGES = [
     Ready(vocab_size=151_936, host="node-b", pid=4242, device="cuda:1", cores=[1, 2], threads=2, precision="int8"),
-    Start([[1, 2, 3], [7, 7]], PipelineConfig(k="auto", budget="auto", temperature=0.8, latencies=profile(),
-                                              verifier_cores="0-3", drafter_cores="4-7", timeout_s=30),
-          generator_state(), [63, 63], 151_936, 120.0, 1234.5678, (0, 1)),
-    Start([[5]], SSDConfig(k=3, budget=0, backup="fast"), generator_state(), [9], 32, 10, 0.25),
-    DraftMessage({0: [5, 9, 2, 11], 3: [7]}, (4, 1), {0: 4, 3: 2}, {0: (3, 2, 1, 1, 1), 3: (2, 1)},
-                 {0: 0.71, 3: 0.5}, {0: 0.5, 3: 0.42}, None, (17.25, 17.5)),
-    DraftMessage({0: [1, 2]}, (), {0: 2}, {0: (1, 1, 0)}, {0: 0.6}, {0: 0.5},
-                 {0: report(2, None, 4), 1: report(None, "jit", 4)}),
-    Outcome({0: Verdict(accepted=3, token=17, draft_len=4), 3: Verdict(0, 2, 1)}, {0: False, 3: True}, {0: 40, 3: 0}),
-    LastReports({2: report(None, "fast", 9)}),
+    Start(prompts=[[1, 2, 3], [7, 7]], config=SSDConfig(k="auto", budget="auto", temperature=0.8),
+          generator_state=generator_state(), rooms=[63, 63], vocab_size=151_936, timeout_s=120.0, sent_s=1234.5678,
+          first_cores=(0, 1), latencies=profile()),
+    Start(prompts=[[5]], config=SSDConfig(k=3, budget=0, backup="fast"), generator_state=generator_state(), rooms=[9],
+          vocab_size=32, timeout_s=10, sent_s=0.25),
+    DraftMessage(round=0, tokens={0: [5, 9, 2, 11], 3: [7]}, drawn={0: 4, 3: 2},
+                 fan_out={0: (3, 2, 1, 1, 1), 3: (2, 1)}, a_p={0: 0.71, 3: 0.5}, r={0: 0.5, 3: 0.42},
+                 first_drawn={0: 4, 3: 1}, clock=(17.25, 17.5)),
+    DraftMessage(round=5, tokens={0: [1, 2]}, drawn={0: 2}, fan_out={0: (1, 1, 0)}, a_p={0: 0.6}, r={0: 0.5},
+                 previous={0: report(2, None, 4), 1: report(None, "jit", 4)}),
+    Outcome(verdicts={0: Verdict(accepted=3, token=17, draft_len=4), 3: Verdict(0, 2, 1)}, done={0: False, 3: True},
+            rooms={0: 40, 3: 0}),
+    LastReports(previous={2: report(None, "fast", 9)}),
     Stop(),
 ]
 
@@ -64,7 +68,7 @@ def same(a, b) -> bool:
         return False
     if isinstance(a, torch.Tensor):
         return a.dtype == b.dtype and torch.equal(a, b)
-    if dataclasses.is_dataclass(a):  # every field, also those left out of ==, as SSDConfig's latencies
+    if dataclasses.is_dataclass(a):  # every field, also those left out of ==
         return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(k, l) and same(a[k], b[l]) for k, l in zip(a, b))
@@ -80,22 +84,28 @@ def test_every_message_comes_back_as_it_left(message):
     assert data.isascii() and b"pickle" not in data
 
 
+def small_start(**fields) -> Start:
+    """A one-row Start, with these fields changed."""
+    return Start(**{"prompts": [[1]], "config": SSDConfig(), "generator_state": generator_state(), "rooms": [1],
+                    "vocab_size": 16, "timeout_s": 1.0, "sent_s": 0.0} | fields)
+
+
 def test_the_tensors_keep_dtype_shape_and_bytes():
     for tensor in (torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.rand(3, 5).to(torch.bfloat16),
                    torch.tensor([True, False]), torch.tensor(2.5), torch.empty(0, 4)):
-        start = Start([[1]], SSDConfig(), tensor, [1], 16, 1.0, 0.0)
+        start = small_start(generator_state=tensor)
         assert same(wire.decode(wire.encode(start)).generator_state, tensor)
 
 
 def test_the_sender_refuses_what_the_wire_does_not_carry():
     with pytest.raises(WireError, match="a Pair is not a message type"):
         wire.encode(tiny_pair())
-    with pytest.raises(WireError, match=r"^Start.config.latencies: a Generator cannot cross the wire$"):
-        wire.encode(Start([[1]], SSDConfig(latencies=torch.Generator()), generator_state(), [1], 16, 1.0, 0.0))
+    with pytest.raises(WireError, match=r"^Start.latencies: a Generator cannot cross the wire$"):
+        wire.encode(small_start(latencies=torch.Generator()))
     with pytest.raises(WireError, match="tensor of dtype complex64"):
-        wire.encode(Start([[1]], SSDConfig(), torch.zeros(2, dtype=torch.complex64), [1], 16, 1.0, 0.0))
+        wire.encode(small_start(generator_state=torch.zeros(2, dtype=torch.complex64)))
     with pytest.raises(WireError, match=r"Outcome.done: a dict key 0.5"):
-        wire.encode(Outcome({}, {0.5: True}, {}))
+        wire.encode(Outcome(verdicts={}, done={0.5: True}, rooms={}))
 
 
 def edited(message, change) -> bytes:
@@ -168,7 +178,7 @@ def test_a_malformed_message_is_refused_with_a_one_line_reason(data, reason):
 def receiving(*transfers: bytes | list[int]):
     """Rank 0's end of a link whose transfers are these (a header, then the record's bytes), and the sizes of the
     buffers it allocated for them."""
-    channel, sizes, parts = Channel(1, "cpu", WIRE), [], iter(transfers)
+    channel, sizes, parts = Channel(1, "cpu", WIRE_TYPES), [], iter(transfers)
 
     def recv(buffer, *args):
         sizes.append(buffer.numel())
@@ -233,6 +243,7 @@ def generate(pipeline):
                              torch.Generator().manual_seed(0))
 
 
+@pytest.mark.integration  # two real ranks
 def test_a_verifier_that_receives_garbage_ends_the_run_with_a_one_line_error():
     pipeline = start(functools.partial(garbling_pair, 4))  # the drafts of round 2
     started = time.monotonic()
@@ -243,6 +254,7 @@ def test_a_verifier_that_receives_garbage_ends_the_run_with_a_one_line_error():
     assert pipeline.closed and not pipeline.process.is_alive() and time.monotonic() - started < 10
 
 
+@pytest.mark.integration  # two real ranks
 def test_a_drafter_that_receives_garbage_exits(monkeypatch):
     pipeline = start()
     garble_nth_message(3, monkeypatch.setattr)  # Start, round 0's outcome, round 1's

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..bench.summary import summarize
+from ..bench.summaries import summarize
 from ..checks import parse_variant
 from ..bench.stats import mean_ci
 from ..core.theory import critical_batch_size

@@ -2,7 +2,7 @@
 round; SSD's hit rates, miss-rate power law, a_p and Saguaro; wall clock and speed-ups; the latency profile; K and B on
 auto; the batch-size study. Every function returns a matplotlib Figure, drawn in the kit's style
 (`ssd.analysis.style`: one colour per method, 95% intervals over prompts). The timeline and the coloured text have
-modules of their own (`ssd.analysis.timeline`, `ssd.analysis.tokens`).
+modules of their own (`ssd.analysis.timeline`, `ssd.analysis.coloured_text`).
 """
 from __future__ import annotations
 

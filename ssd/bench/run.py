@@ -30,7 +30,7 @@ from .methods import resolve, tunes
 from .prompts import encode
 from ..core.trace import ForwardClock, Trace
 from ..core.tuning import Autotune, tuned_latencies
-from .summary import PEERS, against_peers, by_category, is_ssd, profile_prediction, summarize, time_breakdown
+from .summaries import PEERS, against_peers, by_category, is_ssd, profile_prediction, summarize, time_breakdown
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int, autotune: Autotune | None = None
