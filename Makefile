@@ -55,12 +55,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup \
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
-# The unit tier, in one process (here faster than -n 2: 84 s against 121, the machine shared): every test not
-# marked integration (subprocesses, the pipeline's ranks, papermill's kernels, the command line as a process, anything
-# slow), real (the real pair) or gpu; tiny random models at most, and a unit test that starts a process fails
-# (tests/conftest.py). `make test` runs every tier.
+# The unit tier, for your own loop: every test not marked integration (subprocesses, the pipeline's ranks, papermill's
+# kernels, the command line as a process, anything slow), real (the real pair) or gpu; tiny random models at most,
+# and a unit test that starts a process fails (tests/conftest.py). About 40 s on 2 cores. `make test` runs every tier.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -p no:xdist -m "not integration and not real and not gpu" tests
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 -m "not integration and not real and not gpu" tests
 
 # On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
 # ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, and the pair's profile in
