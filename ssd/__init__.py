@@ -21,7 +21,7 @@ _EXPORTS = {
     "PipelineConfig": "pipeline.launch", "generate_ssd_pipeline": "pipeline.launch",
     "close_pipelines": "pipeline.launch",
     "METHODS": "bench.methods", "get_method": "bench.methods",
-    "Pair": "models.loading", "load_pair": "models.loading", "tiny_pair": "models.tiny",
+    "Pair": "models.pair", "load_pair": "models.loading", "tiny_pair": "models.tiny",
     "Prompt": "bench.prompts", "encode": "bench.prompts", "load_prompts": "bench.prompts",
     "Round": "core.trace", "Trace": "core.trace",
 }

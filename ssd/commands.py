@@ -21,14 +21,15 @@ from .models.devices import drafter_device, resolve_device
 from .files import cache_dir, write_csv, write_json
 from .models.kernels import library_line
 from .bench.methods import get_method, tunes
-from .models.loading import DEFAULT_PAIR, PAIRS, load_pair
+from .models.loading import PAIRS, load_pair
+from .names import DEFAULT_PAIR
 from .pipeline.launch import PipelineConfig
 from .models.capability import capability_line
 from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .models.shapes import random_pair
 from .core.speculation import SSDConfig
 from .pipeline.transport import env_rank
-from .core.tuning import Autotune, is_auto
+from .core.tuning import Autotune
 
 
 def setup(args) -> tuple[object, SSDConfig]:

@@ -9,7 +9,7 @@ import pytest
 from ssd.analysis import batch_study
 from ssd.bench.run import run_bench
 from ssd.core.decoding import DecodeConfig
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.bench.prompts import load_prompts
 from ssd.core.theory import critical_batch_size
 

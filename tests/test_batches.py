@@ -17,7 +17,7 @@ from ssd.core.decoding import DecodeConfig, generate_ar
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 from ssd.checks import parse_variant
 from ssd.bench.methods import METHODS
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.models.pair import Pair
 from ssd.pipeline.launch import PipelineConfig, close_pipelines
 from ssd.bench.prompts import Prompt, load_prompts

@@ -97,7 +97,7 @@ def test_a_bench_json_reads_back_as_its_rows(tmp_path):
 def test_a_killed_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     from ssd.bench import run as bench
     from ssd.core.decoding import DecodeConfig
-    from ssd.models.loading import tiny_pair
+    from ssd.models.tiny import tiny_pair
 
     pair, prompts = tiny_pair(), load_prompts("prose[0:3]")
     config, checkpoint = DecodeConfig(k=2, max_new_tokens=10), str(tmp_path / "b.json.partial")

@@ -10,7 +10,7 @@ import pytest
 
 import ssd.models.loading
 from ssd.cli import main
-from ssd.pipeline.launch import PipelineError
+from ssd.pipeline.transport import PipelineError
 
 
 def test_a_model_that_cannot_be_loaded_is_one_line(monkeypatch, capsys):

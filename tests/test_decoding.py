@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ssd.core.decoding import DecodeConfig, _greedy_step, generate_ar, generate_sd
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 

@@ -16,7 +16,8 @@ from ssd.bench import gpu_check, run as bench
 from ssd import cli, commands
 from ssd.models import loading as models
 from ssd.models.devices import accelerator, drafter_device, resolve_device
-from ssd.models.loading import load_pair, tiny_pair
+from ssd.models.loading import load_pair
+from ssd.models.tiny import tiny_pair
 from ssd.pipeline.launch import Pipeline
 from ssd.models.capability import accelerator_precision
 from ssd.core.speculation import SSDConfig

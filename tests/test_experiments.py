@@ -9,7 +9,8 @@ from ssd.analysis import experiments
 from ssd.bench import stats
 from ssd.core.decoding import DecodeConfig
 from ssd.bench.lossless import ALPHA, chi_square_p, distribution_check, exact_target_distribution, greedy_identical
-from ssd.models.loading import load_pair, tiny_pair
+from ssd.models.loading import load_pair
+from ssd.models.tiny import tiny_pair
 from ssd.bench.prompts import load_prompts
 from ssd.core.speculation import SSDConfig
 

@@ -16,7 +16,7 @@ import torch
 
 from ssd.core.decoding import DecodeConfig
 from ssd.bench.methods import get_method
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.pipeline.launch import PipelineConfig, close_pipelines
 from ssd.core.speculation import SSDConfig
 

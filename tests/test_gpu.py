@@ -18,7 +18,8 @@ import ssd.core.speculation
 import ssd.core.tree
 from ssd.models.devices import accelerator, resolve_device
 from ssd.bench.lossless import ALPHA, distribution_check, greedy_identical
-from ssd.models.loading import load_pair, tiny_pair
+from ssd.models.loading import load_pair
+from ssd.models.tiny import tiny_pair
 from ssd.pipeline.launch import Pipeline, close_pipelines
 from ssd.models.capability import accelerator_precision
 from ssd.models.precision import convert, precision_of

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ssd.bench import graphs
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.models.timing import fixed_ids
 
 

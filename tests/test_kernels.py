@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ssd.models import kernels
 from ssd.core.decoding import DecodeConfig, generate_ar
 from ssd.bench.methods import METHODS
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.models.precision import convert
 from ssd.bench.profile import profile_path
 from ssd.core.speculation import SSDConfig

@@ -12,7 +12,9 @@ import transformers
 from ssd.models import gguf_store, loading as models
 from ssd.files import cache_lock
 from ssd.models.gguf_store import GGUFSpec, ModelPartError, join_parts
-from ssd.models.loading import check_same_tokenizer, load_pair, tiny_pair
+from ssd.models.loading import load_pair
+from ssd.models.pair import check_same_tokenizer
+from ssd.models.tiny import tiny_pair
 
 
 RUN_CACHE_DIR = os.environ.get("SSD_CACHE_DIR")  # read before private_cache replaces it

@@ -27,9 +27,12 @@ from ssd.cli import build_parser, main
 from ssd.commands import setup
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.bench.methods import get_method
-from ssd.models.loading import Pair, load_pair, tiny_pair
-from ssd.pipeline.launch import (Pipeline, PipelineConfig, PipelineError, close_pipelines, generate_ssd_pipeline,
-                          parse_cores, pipeline_for)
+from ssd.models.loading import load_pair
+from ssd.models.pair import Pair
+from ssd.models.tiny import tiny_pair
+from ssd.models.cores import parse_cores
+from ssd.pipeline.launch import Pipeline, PipelineConfig, close_pipelines, generate_ssd_pipeline, pipeline_for
+from ssd.pipeline.transport import PipelineError
 from ssd.core.speculation import SSDConfig, generate_ssd
 from ssd.pipeline.protocol import clock_offset
 from ssd.core.theory import measured_theorem7
@@ -411,7 +414,7 @@ def state(pid: int) -> str | None:
 @pytest.mark.integration
 def test_a_drafter_whose_verifier_is_killed_exits_by_itself():
     close_pipelines()
-    script = ("from ssd.models.loading import tiny_pair\nfrom ssd.pipeline.launch import Pipeline\nimport time\n"
+    script = ("from ssd.models.tiny import tiny_pair\nfrom ssd.pipeline.launch import Pipeline\nimport time\n"
               "if __name__ == '__main__':\n"
               f"    p = Pipeline(tiny_pair(), verifier_cores='{VERIFIER}', drafter_cores='{DRAFTER}')\n"
               "    print(p.process.pid, flush=True)\n    time.sleep(60)\n")

@@ -349,7 +349,7 @@ def test_roles_match_a_real_trace(method):
     import torch
 
     from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
-    from ssd.models.loading import tiny_pair
+    from ssd.models.tiny import tiny_pair
 
     pair = tiny_pair(agreement_noise=0.2)
     run = generate_ar if method == "ar" else generate_sd

@@ -7,7 +7,8 @@ import torch
 from ssd.models import loading as models, precision
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.bench.lossless import first_difference, identity_report, near_tie_bound
-from ssd.models.loading import load_pair, tiny_pair
+from ssd.models.loading import load_pair
+from ssd.models.tiny import tiny_pair
 from ssd.models.auto_precision import Precisions, candidates, choose
 from ssd.models.capability import supported
 from ssd.models.precision import check_precision, convert, precision_of, weight_bytes

@@ -7,7 +7,6 @@ import os
 import pandas as pd
 import pytest
 
-from ssd.bench import run as bench
 from ssd.bench.summaries import summarize
 from ssd.analysis import experiments
 from ssd.bench import profile as prof

@@ -12,7 +12,7 @@ from ssd.bench.records import load_rows
 from ssd.bench.run import run_bench
 from ssd.cli import main
 from ssd.bench.methods import METHODS
-from ssd.models.loading import ToyTokenizer
+from ssd.models.tiny import ToyTokenizer
 from ssd.bench.prompts import TURN_SEPARATOR, Prompt, encode, first_turns, load_prompts
 
 # Hand-written rows of every Spec-Bench task kind: MT-bench (writing, two turns each), translation, summarization, qa,

@@ -10,7 +10,7 @@ import ssd.core.speculation
 import ssd.core.tree
 from ssd.core.cache import SpeculationCache
 from ssd.core.decoding import generate_ar
-from ssd.models.loading import tiny_pair
+from ssd.models.tiny import tiny_pair
 from ssd.core.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
 from ssd.core.sampling import uniforms
 from ssd.core.speculation import SSDConfig, Speculator, counterfactual_hits, generate_ssd

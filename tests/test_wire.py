@@ -14,9 +14,11 @@ from ssd.core.latencies import Profile
 from ssd.core.speculation import SSDConfig
 from ssd.core.trace import Span
 from ssd.core.verify import Verdict
-from ssd.models.loading import Pair, tiny_pair
+from ssd.models.pair import Pair
+from ssd.models.tiny import tiny_pair
 from ssd.core.round import DraftMessage, Outcome, Report
-from ssd.pipeline.launch import Pipeline, PipelineError, close_pipelines
+from ssd.pipeline.launch import Pipeline, close_pipelines
+from ssd.pipeline.transport import PipelineError
 from ssd.pipeline.protocol import WIRE_TYPES, LastReports, Ready, Start, Stop
 from ssd.pipeline.transport import Channel
 from ssd.pipeline.wire import MAX_RECORD_BYTES, Wire, WireError

@@ -8,7 +8,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..bench.methods import get_method, parse_variant
+from ..bench.methods import get_method
+from ..checks import parse_variant
 from ..models.loading import load_pair
 from ..bench.profile import cached_profile
 from ..bench.prompts import encode

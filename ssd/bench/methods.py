@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..checks import check_method, parse_variant
+from ..checks import check_method, is_auto, parse_variant
 from ..core.decoding import batchable, generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
 from ..core.speculation import generate_ssd
-from ..core.tuning import is_auto, on_auto
+from ..core.tuning import on_auto
 
 
 @batchable

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from .cached_model import CachedModel
-from ..checks import check_decoding
+from ..checks import check_decoding, is_auto
 from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import probs_from_logits, sample, uniforms
 from .trace import Round, Stopwatch, Trace
-from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, Autotune, is_auto, sd_tuner, tuned_latencies
+from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, Autotune, sd_tuner, tuned_latencies
 from .verify import Verdict, verify
 
 

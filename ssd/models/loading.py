@@ -22,19 +22,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .devices import resolve_device
 from ..files import cache_dir, cache_lock
-from .gguf_store import (GGUFSpec, ModelPartError, chunks, ensure_cached, log,  # noqa: F401  (errors, for users)
-                         ensure_all_cached, transformers_bars)
+from .gguf_store import GGUFSpec, chunks, ensure_all_cached, ensure_cached, log, transformers_bars
 from .kernels import choose as choose_library
-from ..names import DEFAULT_PAIR
-from .pair import (ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids,  # noqa: F401
-                   ready)
+from ..names import DEFAULT_PAIR, TINY_PAIR
+from .pair import ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids, ready
 from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, choose, decision_path, fixed,
                              load_decision, save_decision)
 from .capability import capability, check_supported
 from .precision import check_precision, convert
 from .timing import forward_ms
-from .tiny import TINY_PAIR, ToyTokenizer, tiny_pair  # noqa: F401  (load_pair("tiny"); and for users of ssd.models.loading)
-
+from .tiny import tiny_pair
 
 
 # ---------------------------------------------------------------------------------------------------------------------
