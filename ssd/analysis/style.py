@@ -14,6 +14,7 @@ import itertools
 import os
 from contextlib import contextmanager
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -53,8 +54,16 @@ def style() -> dict:
 
 @contextmanager
 def styled():
+    """Build a figure in the kit's style, leaving the global rcParams as they were, but for one: matplotlib's
+    interactive mode. The first figure of a Jupyter kernel loads the inline backend, which turns interactive mode on
+    so that every figure a cell makes is shown under it; restored to off as the context closes, every later figure of
+    the notebook was drawn and saved but never shown (the stored notebooks kept only its path)."""
     with plt.rc_context(style()):
-        yield
+        try:
+            yield
+        finally:
+            interactive = matplotlib.is_interactive()
+    matplotlib.interactive(interactive)
 
 
 def format_value(value) -> str:
