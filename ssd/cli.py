@@ -247,9 +247,9 @@ def torchrun_main(argv=None) -> int:
 
 
 def execute_main(argv=None) -> int:
-    """A sweep point's process (`python -m ssd.execute`, ssd.course.sweep): one notebook with its parameters, through papermill
-    on a kernel over Unix sockets (ssd.course.kernel). Apart from `python -m ssd`, whose commands load the kit (torch)
-    before they run: a point's own process needs only papermill, and its kernel loads the kit itself."""
+    """A sweep point's process (`python -m ssd.execute`, ssd.course.sweep): one notebook with its parameters, through
+    papermill on a kernel over Unix sockets (ssd.course.kernel). Apart from `python -m ssd`, whose commands load the kit
+    (torch) before they run: a point's own process needs only papermill, and its kernel loads the kit itself."""
     import yaml
 
     parser = argparse.ArgumentParser(prog="python -m ssd.execute", description="execute one notebook with papermill "

@@ -8,28 +8,25 @@ import sys
 import pandas as pd
 import torch
 
-from .bench import records, summaries
-from .bench import run as bench
-from .course import notebooks as course
 from .analysis import experiments
-from .bench import stats
-from .bench import gpu_check
-from .bench import profile
+from .bench import gpu_check, profile, records, stats, summaries
+from .bench import run as bench
+from .bench.methods import get_method, tunes
+from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .checks import parse_budgets, parse_methods, parse_strategies, parse_variant
+from .core.speculation import SSDConfig
+from .core.tuning import Autotune
+from .course import notebooks as course
+from .files import cache_dir, write_csv, write_json
+from .models.capability import capability_line
 from .models.cores import check_cores
 from .models.devices import drafter_device, resolve_device
-from .files import cache_dir, write_csv, write_json
 from .models.kernels import library_line
-from .bench.methods import get_method, tunes
 from .models.loading import PAIRS, load_pair
+from .models.shapes import random_pair
 from .names import DEFAULT_PAIR
 from .pipeline.launch import PipelineConfig
-from .models.capability import capability_line
-from .bench.prompts import Prompt, encode, first_turns, load_prompts
-from .models.shapes import random_pair
-from .core.speculation import SSDConfig
 from .pipeline.transport import env_rank
-from .core.tuning import Autotune
 
 
 def setup(args) -> tuple[object, SSDConfig]:

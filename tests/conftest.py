@@ -35,8 +35,8 @@ def pytest_configure(config):
 
 def use_ipc_kernels_in_nbval():
     """nbval starts its kernels with jupyter_client's KernelManager, over TCP ports that another process can bind
-    before the kernel does (a CI run failed so: ssd.course.kernel). nbval offers no setting for it, so its module gets the
-    kernel manager the course and the sweeps use."""
+    before the kernel does (a CI run failed so: ssd.course.kernel). nbval offers no setting for it, so its module gets
+    the kernel manager the course and the sweeps use."""
     import nbval.kernel
 
     from ssd.course.kernel import IpcKernelManager

@@ -1,6 +1,6 @@
-"""The batch-size study's tables (ssd.analysis.batch_study): a bench as the sweep's table of calls, intervals over calls, the
-crossover b*, break-even batch sizes and the auto backup against the fixed ones, on synthetic tables whose answers
-are known; and one real (tiny) bench through point_table."""
+"""The batch-size study's tables (ssd.analysis.batch_study): a bench as the sweep's table of calls, intervals over
+calls, the crossover b*, break-even batch sizes and the auto backup against the fixed ones, on synthetic tables whose
+answers are known; and one real (tiny) bench through point_table."""
 import math
 
 import pandas as pd

@@ -1,5 +1,5 @@
-"""Notebooks run on kernels over Unix sockets (ssd.course.kernel): through papermill in-process, as a sweep point's process,
-and under nbval (tests/conftest.py), so no other process can bind a kernel's port before the kernel does."""
+"""Notebooks run on kernels over Unix sockets (ssd.course.kernel): through papermill in-process, as a sweep point's
+process, and under nbval (tests/conftest.py), so no other process can bind a kernel's port before the kernel does."""
 import json
 import subprocess
 import sys

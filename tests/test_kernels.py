@@ -1,6 +1,6 @@
-"""ssd.models.kernels: float32 layers multiplied through oneDNN where it is faster. The layer computes what nn.Linear does
-(to float32 rounding), a model keeps its weights and state dict, the choice follows the measured times, and decoding
-through the swapped layers stays lossless: every row of a ragged batch equals AR alone."""
+"""ssd.models.kernels: float32 layers multiplied through oneDNN where it is faster. The layer computes what nn.Linear
+does (to float32 rounding), a model keeps its weights and state dict, the choice follows the measured times, and
+decoding through the swapped layers stays lossless: every row of a ragged batch equals AR alone."""
 import pytest
 import torch
 import torch.nn.functional as F

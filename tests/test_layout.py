@@ -143,7 +143,8 @@ def test_no_module_level_state_in_the_core_holds_what_a_run_learnt():
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 constant = all(isinstance(t, ast.Name) and t.id.isupper() for t in targets)
-                if (isinstance(value, mutable) and not constant) or (isinstance(value, ast.Call) and "Weak" in ast.unparse(value.func)):
+                weak = isinstance(value, ast.Call) and "Weak" in ast.unparse(value.func)
+                if (isinstance(value, mutable) and not constant) or weak:
                     found.append(f"{name}: {ast.unparse(node)[:60]}")
         found += [f"{name}: global {', '.join(n.names)}" for n in ast.walk(tree) if isinstance(n, ast.Global)]
     assert not found, found

@@ -2,9 +2,9 @@
 
 A bfloat16 target rounds a pass over K + 1 tokens differently from a one-token pass, so where its top two logits
 nearly tie, SD may append the other token; that is rounding, and the difference must sit at a margin below
-ssd.bench.lossless.near_tie_bound. A wrong residual, an off-by-one in acceptance or a stale cache would differ at margins
-of whole logits instead. bfloat16 and int8 are fixed here (not auto), so every machine tests the same thing; on a CPU
-without native bfloat16 it is slower, not different.
+ssd.bench.lossless.near_tie_bound. A wrong residual, an off-by-one in acceptance or a stale cache would differ at
+margins of whole logits instead. bfloat16 and int8 are fixed here (not auto), so every machine tests the same thing; on
+a CPU without native bfloat16 it is slower, not different.
 """
 import pytest
 import torch

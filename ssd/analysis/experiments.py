@@ -171,9 +171,9 @@ def auto_against_fixed(variants: pd.DataFrame, base: str, default: str) -> dict:
 
 
 def timeline_summary(spans: pd.DataFrame) -> pd.DataFrame:
-    """What a timeline (ssd.analysis.timeline.timeline) shows, in numbers, per method over its rounds after the first (which
-    feeds the target its prompts; in older traces a prompts' pass apart, also left out): the mean ms per round of each
-    phase (verify, wait, draft steps or pre-speculation, lookup and backups: draft_s), the share of the decode time
+    """What a timeline (ssd.analysis.timeline.timeline) shows, in numbers, per method over its rounds after the first
+    (which feeds the target its prompts; in older traces a prompts' pass apart, also left out): the mean ms per round of
+    each phase (verify, wait, draft steps or pre-speculation, lookup and backups: draft_s), the share of the decode time
     each lane worked (waits are not work), and the share in which both worked at once: 0 where the models take turns
     (SD), above 0 where the drafter works while the verifier verifies.
     spans: Trace.spans_frame() rows (one call per method; ssd.bench.run.run_bench's "spans" for one prompt)."""

@@ -35,7 +35,8 @@ def acceptance_vs_k(frame: pd.DataFrame, column: str = "acceptance_rate"):
         summaries = [summarise(g, "k", column).sort_values("k") for _, g in groups]
         bars = ci_label(*summaries, value="acceptance_rate")
         for i, ((t, _), s) in enumerate(zip(groups, summaries)):
-            errorbar(ax, dodge(ax, s["k"], i, len(groups)), s, label=bars if hue is None else format_value(t), colour=pal[i])
+            label = bars if hue is None else format_value(t)
+            errorbar(ax, dodge(ax, s["k"], i, len(groups)), s, label=label, colour=pal[i])
         ax.set_xticks(sorted(ordered(frame["k"])))
         ax.set(xlabel="draft length K", ylabel="acceptance rate a", ylim=(0, 1.05),
                title="Acceptance rate a vs draft length K")
@@ -82,8 +83,8 @@ def accepted_histogram(rounds: pd.DataFrame, k: int | None = None):
     """Fraction of rounds with each accepted count k, among rounds that drafted K tokens (K = max draft_len).
 
     Overlaid: the truncated geometric P(k) = a^k (1 - a) for k < K, a^K for k = K, with a the maximum-likelihood
-    per-token acceptance rate of those rounds, accepted / tested (`ssd.analysis.experiments.fitted_a_p`: a round tests k + 1
-    drafted tokens when one is rejected and K when all are accepted).
+    per-token acceptance rate of those rounds, accepted / tested (`ssd.analysis.experiments.fitted_a_p`: a round tests k
+    + 1 drafted tokens when one is rejected and K when all are accepted).
     """
     check_frame(rounds, ["accepted", "draft_len"], "accepted_histogram")
     big_k = int(rounds["draft_len"].max()) if k is None else int(k)
@@ -347,9 +348,9 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
 # --- K and B on auto (notebook 07) ----------------------------------------------------------------------------------
 
 def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""):
-    """SD's decode tokens/s against K: the prediction (line; columns k, tokens_per_s, from ssd.core.tuning.sd_curve), the
-    fixed K measured (points; columns k, decode_tokens_per_s, from ssd.analysis.experiments.variant_summary), and the auto run
-    measured (a star at the mean K its rounds used; the row whose k is "auto")."""
+    """SD's decode tokens/s against K: the prediction (line; columns k, tokens_per_s, from ssd.core.tuning.sd_curve),
+    the fixed K measured (points; columns k, decode_tokens_per_s, from ssd.analysis.experiments.variant_summary), and
+    the auto run measured (a star at the mean K its rounds used; the row whose k is "auto")."""
     check_frame(predicted, ["k", "tokens_per_s"], "sd_k_speeds")
     check_frame(measured, ["k", "decode_tokens_per_s", "mean_k"], "sd_k_speeds")
     fixed = measured[measured["k"] != "auto"].astype({"k": int}).sort_values("k")
@@ -373,9 +374,10 @@ def sd_k_speeds(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""
 
 
 def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: str = ""):
-    """Two heatmaps over (K, B): predicted decode tokens/s (columns k, budget, tokens_per_s: ssd.core.tuning.ssd_surface)
-    and measured (columns k, budget, decode_tokens_per_s: the fixed variants of ssd.analysis.experiments.variant_summary), each
-    with its best cell boxed; the measured panel's title gives the auto run (its mean K and B and tokens/s)."""
+    """Two heatmaps over (K, B): predicted decode tokens/s (columns k, budget, tokens_per_s:
+    ssd.core.tuning.ssd_surface) and measured (columns k, budget, decode_tokens_per_s: the fixed variants of
+    ssd.analysis.experiments.variant_summary), each with its best cell boxed; the measured panel's title gives the auto
+    run (its mean K and B and tokens/s)."""
     check_frame(predicted, ["k", "budget", "tokens_per_s"], "ssd_speed_surfaces")
     check_frame(measured, ["k", "budget", "decode_tokens_per_s", "mean_k", "mean_budget"], "ssd_speed_surfaces")
     fixed = measured[(measured["k"] != "auto") & measured["k"].notna()].astype({"k": int, "budget": int})
@@ -401,11 +403,11 @@ def ssd_speed_surfaces(predicted: pd.DataFrame, measured: pd.DataFrame, title: s
 
 
 def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None):
-    """One prompt set of the batch-size study (``ssd.analysis.batch_study.by_batch_size``), against b on a log2 axis, each
-    method in its colour: total tokens/s (mean over calls, 95% CI over calls where there were at least MIN_CI_N);
+    """One prompt set of the batch-size study (``ssd.analysis.batch_study.by_batch_size``), against b on a log2 axis,
+    each method in its colour: total tokens/s (mean over calls, 95% CI over calls where there were at least MIN_CI_N);
     decode tokens/s measured (solid) beside the profile's prediction (dashed, open markers) with the measured and
-    predicted crossover b* of the two backups (`crossover`: ``ssd.analysis.batch_study.crossover``); per-sequence tokens/s
-    (what one user waits); and the measured all-hit rate of the pipeline beside p_hit^b."""
+    predicted crossover b* of the two backups (`crossover`: ``ssd.analysis.batch_study.crossover``); per-sequence
+    tokens/s (what one user waits); and the measured all-hit rate of the pipeline beside p_hit^b."""
     check_frame(summary, ["label", "batch_size", "tokens_per_s", "ci_low", "ci_high", "calls", "decode_tokens_per_s",
                      "predicted", "sequence_tokens_per_s", "all_hit", "p_hit_to_b"], "batch_study")
     labels = [str(m) for m in ordered(summary["label"])]

@@ -48,8 +48,8 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
     draw only the prompts' pass and the first `rounds` rounds. traces: a Trace, a list of them (one call per
     method), or a frame of spans (Trace.spans_frame(), several methods' concatenated; ssd.bench.run.run_bench's "spans"
     for one prompt)."""
-    frame = check_frame(timeline_spans(traces), ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"],
-                   "timeline")
+    frame = check_frame(timeline_spans(traces),
+                        ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"], "timeline")
     # The last round's lookup decides nothing (trace.final_rounds): no mark for it
     frame = frame.assign(mark=frame["phase"].eq("verify_s") & frame["hit"].isin([True, False])
                          & (frame["round"] < frame.groupby("method")["round"].transform("max")))

@@ -1,7 +1,7 @@
 """Thin ipywidgets front ends: a slider or dropdown per parameter over a function the notebook already runs.
 
-Never the only way to run anything: the function is plain Python (a lambda over `ssd.analysis.experiments`), called once at
-the defaults as soon as the explorer is built, so a headless run (papermill, nbval) computes the default result and
+Never the only way to run anything: the function is plain Python (a lambda over `ssd.analysis.experiments`), called once
+at the defaults as soon as the explorer is built, so a headless run (papermill, nbval) computes the default result and
 `.result` holds it for a plain cell after the widget cell to check. Sliders do not re-run while dragged
 (continuous_update=False): one run per release, not one per pixel.
 

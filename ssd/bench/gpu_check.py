@@ -12,8 +12,8 @@
    default precision (bfloat16; float16 where the GPU lacks it, and on MPS), where every difference from AR must sit
    at a near-tie of the target's top two logits; skipped, and said, if it would not fit in what is left of the time.
 5. The offline pair's latency profile at the GPU's precision and batch sizes 1 to 64, in its shapes with random
-   weights (``ssd.models.shapes``: a pass's time depends on the shapes, not the values), so it is measured even where the
-   weights are not: a verify pass over b x (K + 1) tokens in one-token steps (v), a draft step over a target step
+   weights (``ssd.models.shapes``: a pass's time depends on the shapes, not the values), so it is measured even where
+   the weights are not: a verify pass over b x (K + 1) tokens in one-token steps (v), a draft step over a target step
    (c), and SD's speed-up E / (cK + v) these give at a few acceptance rates. On CUDA, the same passes on a static
    cache, eager and replayed from a CUDA graph (``ssd.bench.graphs``): how much of a step is the host launching kernels.
 6. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome

@@ -7,8 +7,8 @@ replays them with one launch. That needs fixed addresses, so the pass runs on tr
 tensors allocated once; the write position a device tensor) rather than the dynamic cache the kit decodes with.
 
 ``pass_ms`` times one pass over ``new`` tokens in each of ``batch`` rows after ``context`` cached ones, on a static
-cache, eager or replayed from a graph (CUDA only). `make gpu-check` times both for the pair's shapes (ssd.bench.gpu_check),
-to measure what a graphed decoder would change; the kit's decoding does not use graphs.
+cache, eager or replayed from a graph (CUDA only). `make gpu-check` times both for the pair's shapes
+(ssd.bench.gpu_check), to measure what a graphed decoder would change; the kit's decoding does not use graphs.
 """
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ def generate_sd_1core(pair, prompts, config, generator, autotune=None):
 
 
 def generate_ssd_pipeline(pair, prompt_ids, config, generator, autotune=None):
-    """SSD with the drafter in a second process or device: ssd.pipeline.launch.generate_ssd_pipeline. Imported on first use:
-    torch.distributed's import costs a second, and no other method needs it."""
+    """SSD with the drafter in a second process or device: ssd.pipeline.launch.generate_ssd_pipeline. Imported on first
+    use: torch.distributed's import costs a second, and no other method needs it."""
     from ..pipeline.launch import generate_ssd_pipeline as generate
 
     return generate(pair, prompt_ids, config, generator, autotune=autotune)

@@ -18,8 +18,8 @@ target's over b x n tokens (b rows of n), the draft's tree over b x B rows (B br
 B = 1 a batched draft step), the glue step over b rows; so SD's E / (cK + v) and Theorem 7 can be fed at every b.
 
 Each curve is also given as a ratio to its one-token step. Theorem 7 can take its latencies from a profile
-(``ssd.core.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and kept
-in the user cache (``cached_profile``); any change of those measures again. Profiles measured on known kinds of
+(``ssd.core.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and
+kept in the user cache (``cached_profile``); any change of those measures again. Profiles measured on known kinds of
 machine are also kept with the kit (``data/profiles/``, ``python -m ssd profile --store DIR``): a notebook reads the
 one of this kind rather than spend minutes measuring it (``stored_profile``), recognised, like a stored bench, by what
 decides its numbers and never by its timings.
@@ -207,8 +207,8 @@ def _kind(profile: Profile) -> dict:
 def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", context: int = CONTEXT,
                 tokens=TARGET_TOKENS, rows=DRAFT_ROWS, batch_size: int = 1) -> bool:
     """Whether a stored profile stands for one measured here now: the same pair at the same precisions, this kind of
-    machine (``ssd.models.capability.machine_kind``) and torch, the same cores, context and sizes, and every curve of this
-    version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
+    machine (``ssd.models.capability.machine_kind``) and torch, the same cores, context and sizes, and every curve of
+    this version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
     return (profile.pair == pair.name and profile.precisions.get("target") == pair.precisions.target
             and profile.precisions.get("draft") == pair.precisions.draft
             and _kind(profile) == machine_kind(pair.target.device)

@@ -49,8 +49,8 @@ def environment(device="cpu") -> dict:
 def stored(path: str, pair) -> dict | None:
     """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it exists and was measured on this pair
     at these precisions (each model's), with "source": the path and "elsewhere": None where it was measured on this
-    kind of machine (``ssd.models.capability.machine_kind``), else one line saying where; otherwise None. Timings and the
-    auto rule's reason do not count: they never repeat, even on the machine that stored the result."""
+    kind of machine (``ssd.models.capability.machine_kind``), else one line saying where; otherwise None. Timings and
+    the auto rule's reason do not count: they never repeat, even on the machine that stored the result."""
     if not (path and os.path.exists(path)):
         return None
     with open(path) as f:

@@ -165,8 +165,8 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
     config is shared by every method (an SSDConfig carries what ssd needs; the others ignore those fields). The
     methods on auto (K, B or the backup) are priced on the autotune's profile at their batch size and learn from it:
     one Autotune for the whole bench, so an answer starts from the estimates the last one on its settings left. With a
-    latency profile (ssd.bench.profile), or several by the batch size they were timed at ({b: profile}), the summaries of
-    SD and the SSD methods at a b one was timed at also hold the prediction it gives. checkpoint: a path where
+    latency profile (ssd.bench.profile), or several by the batch size they were timed at ({b: profile}), the summaries
+    of SD and the SSD methods at a b one was timed at also hold the prediction it gives. checkpoint: a path where
     the rows so far are kept after each group, and read back by a later run of the same arguments, which goes on
     from the next group (the caller removes it once the result is safe).
     """

@@ -181,5 +181,6 @@ def _gather_slots(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def additive_mask(sees: torch.Tensor, dtype) -> torch.Tensor:
-    """A boolean visibility (True: attend) as the additive mask transformers adds to the scores, in the model's dtype."""
+    """A boolean visibility (True: attend) as the additive mask transformers adds to the scores, in the model's
+    dtype."""
     return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, torch.finfo(dtype).min)

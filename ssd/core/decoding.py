@@ -6,8 +6,8 @@ model (``ssd.core.cached_model``: ragged rows are padded and masked); the per-se
 rules) runs row by row. b = 1 is a batch of one.
 
 Both loops keep each model's KV cache a prefix of each row's tokens; SD drafts through the proposer interface
-(``ssd.core.proposers``), so any proposer plugs into the same verify step. Randomness: one generator, drawn row by row in
-a fixed pattern each round, so one seed fixes every row's tokens (and b = 1 draws exactly as before batching).
+(``ssd.core.proposers``), so any proposer plugs into the same verify step. Randomness: one generator, drawn row by row
+in a fixed pattern each round, so one seed fixes every row's tokens (and b = 1 draws exactly as before batching).
 """
 from __future__ import annotations
 

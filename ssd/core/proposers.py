@@ -7,9 +7,9 @@ asks it for every live row's draft at once, the target verifies them, and the pr
     ... verify ...
     proposer.observe(row, drafts[row], verdict)    # accepted count k and t*: commit them, learn from them
 
-A proposer keeps its own copy of each row's committed tokens (prompt + output so far), advanced by observe; so it can live
-in another process than the verifier (``ssd.pipeline.protocol``). Here: the draft model drafting autoregressively (SD's draft
-phase, SSD's jit backup) and an n-gram lookup in the context (SSD's fast backup). SSD's cache-with-a-backup,
+A proposer keeps its own copy of each row's committed tokens (prompt + output so far), advanced by observe; so it can
+live in another process than the verifier (``ssd.pipeline.protocol``). Here: the draft model drafting autoregressively
+(SD's draft phase, SSD's jit backup) and an n-gram lookup in the context (SSD's fast backup). SSD's cache-with-a-backup,
 ``ssd.core.speculation.Speculator``, is a proposer too.
 """
 from __future__ import annotations

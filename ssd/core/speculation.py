@@ -207,11 +207,11 @@ class Speculator(Proposer):
     every predicted outcome of every row (one token tree); ``observe`` commits a row's outcome and looks it up
     (``sequences[row].last_lookup`` then says hit or miss). It always drafts K tokens and hands out the first k
     (fewer near max_new_tokens): the cache is filled for the whole draft. Each row's K and B are its tuner's
-    (``ssd.core.tuning``): the configured ones, or on auto re-decided as the run goes from the estimates (on auto carried
-    over the answers run with the same ``Autotune``, ``Autotune.calibrator``, and shared by the batch's rows) and priced
-    on the autotune's profile at the batch's size; a new K applies from the next round's uniforms (``k``), a new B
-    from the next pre-speculation's fan-out. It lives
-    wherever the draft model lives: beside the verifier in ``generate_ssd``, on its own device in ``ssd.pipeline.protocol``.
+    (``ssd.core.tuning``): the configured ones, or on auto re-decided as the run goes from the estimates (on auto
+    carried over the answers run with the same ``Autotune``, ``Autotune.calibrator``, and shared by the batch's rows)
+    and priced on the autotune's profile at the batch's size; a new K applies from the next round's uniforms (``k``), a
+    new B from the next pre-speculation's fan-out. It lives wherever the draft model lives: beside the verifier in
+    ``generate_ssd``, on its own device in ``ssd.pipeline.protocol``.
     """
 
     def __init__(self, draft_model, prompts: list[list[int]], config: SSDConfig, vocab_size: int,

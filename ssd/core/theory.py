@@ -45,8 +45,8 @@ def theorem7_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b:
 
 def pipelined_speedup(p_hit: float, e_hit: float, e_miss: float, t_p: float, t_b: float,
                       all_hit: float | None = None) -> float:
-    """Theorem 7 for a drafter that finishes its pre-speculation before it reads the outcome, as ``ssd.pipeline.protocol``'s
-    does: a miss then waits for it too.
+    """Theorem 7 for a drafter that finishes its pre-speculation before it reads the outcome, as
+    ``ssd.pipeline.protocol``'s does: a miss then waits for it too.
 
     [p_hit E_hit + (1 - p_hit) E_miss] / [max(1, T_p) + (1 - p_hit) T_b]. While T_p <= 1 this is
     ``theorem7_speedup``; beyond, a miss costs max(1, T_p) + T_b verify passes, where Theorem 7 charges 1 + T_b as if
@@ -120,8 +120,9 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
 
 def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: float, e_miss: float,
                           backup: str = "jit", all_hit: float | None = None) -> dict:
-    """Theorem 7 with its latencies read off a latency profile (ssd.bench.profile) instead of the run's own rounds, in the
-    form of this kit's pipeline (``pipelined_speedup``: the drafter finishes pre-speculating before a miss's backup).
+    """Theorem 7 with its latencies read off a latency profile (ssd.bench.profile) instead of the run's own rounds, in
+    the form of this kit's pipeline (``pipelined_speedup``: the drafter finishes pre-speculating before a miss's
+    backup).
 
     One round's verify pass is the target's pass over K + 1 tokens on the verifier's cores; pre-speculation after a
     hit is SSD's glue step (the draft's logits after t* and the K cached tokens) and K depths of the tree over B

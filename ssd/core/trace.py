@@ -242,8 +242,8 @@ class Stopwatch:
 
     def add(self, spans, offset_s: float) -> None:
         """Keep another rank's spans (timed with origin 0.0 on its clock, its rounds numbered as this one's), shifted
-        onto this one: offset_s is its clock minus this one (0 on one host; see ssd.pipeline.protocol.clock_offset across
-        hosts). The spans stay in the order they began, as if one stopwatch had timed both."""
+        onto this one: offset_s is its clock minus this one (0 on one host; see ssd.pipeline.protocol.clock_offset
+        across hosts). The spans stay in the order they began, as if one stopwatch had timed both."""
         shift = offset_s + self.origin
         shifted = [Span(s.round, s.phase, s.start_s - shift, s.end_s - shift) for s in spans]
         self.spans = sorted(self.spans + shifted, key=lambda s: s.start_s)

@@ -1,8 +1,8 @@
 """The token tree of SSD's pre-speculation: every branch drafted at once, one forward per depth over all of them.
 
 Each branch (k, t) continues the committed prefix with the first k drafted tokens and t; all branches share the
-prefix's KV cache and see it through one 4D attention mask per depth. ``ssd.core.speculation`` drafts with it (``branch_drafts``);
-``ssd.bench.profile`` times one depth of it, as SSD runs it.
+prefix's KV cache and see it through one 4D attention mask per depth. ``ssd.core.speculation`` drafts with it
+(``branch_drafts``); ``ssd.bench.profile`` times one depth of it, as SSD runs it.
 """
 from __future__ import annotations
 

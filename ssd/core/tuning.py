@@ -1,16 +1,16 @@
 """Choosing K (and B) for the machine: the draft length and budget that maximise predicted tokens per second.
 
 The predictions combine the closed forms of ``ssd.core.theory`` with measured latencies, anything with the three curves
-of a ``ssd.core.latencies.Profile``: ``target_at(n)``, the ms of a verify pass over n tokens; ``draft_at(n)``, the ms of one
-depth of the pre-speculation tree over n rows, draws included (1: a draft step); ``glue_at(n)``, SSD's glue
+of a ``ssd.core.latencies.Profile``: ``target_at(n)``, the ms of a verify pass over n tokens; ``draft_at(n)``, the ms of
+one depth of the pre-speculation tree over n rows, draws included (1: a draft step); ``glue_at(n)``, SSD's glue
 step over n new tokens (the draft's logits after them).
 
 - SD (Leviathan et al., Sec. 3): a round drafts K tokens and verifies K + 1 in one pass, and yields
   E = (1 - a^(K+1)) / (1 - a) tokens: K maximises E / (K draft_at(1) + target_at(K + 1)).
-- SSD (Theorem 7, in the form of this kit's pipeline: ``ssd.core.theory.pipelined_speedup``): the hit rate a budget B buys
-  follows from the outcome probabilities P(k) at acceptance rate a_p, the fan-out F_0..F_K a strategy gives B, and the
-  miss rate at each kind of position (``ssd.core.outcomes.MissModel``); pre-speculation costs a glue step over the K + 1
-  tokens a hit leaves unfed and K tree depths over B rows, a jit backup K one-token steps.
+- SSD (Theorem 7, in the form of this kit's pipeline: ``ssd.core.theory.pipelined_speedup``): the hit rate a budget B
+  buys follows from the outcome probabilities P(k) at acceptance rate a_p, the fan-out F_0..F_K a strategy gives B,
+  and the miss rate at each kind of position (``ssd.core.outcomes.MissModel``); pre-speculation costs a glue step over
+  the K + 1 tokens a hit leaves unfed and K tree depths over B rows, a jit backup K one-token steps.
 
 - SSD's backup (``--backup auto``): the jit one or the fast one, whichever Theorem 7 at the latencies' batch size b
   predicts faster (a round waits for a jit draft unless all b sequences hit, p_hit^b; a fast miss yields the tokens
@@ -20,8 +20,8 @@ step over n new tokens (the draft's logits after them).
 round from a stated prior (acceptance rate ``a_p`` of the config, weighing ``PRIOR_WEIGHT`` tested tokens for SD and
 the calibrator's 8 for SSD, and the calibrator's prior miss rates), then again every ``EVERY`` rounds from the run's
 own estimates (the acceptance rate, and for SSD the miss rate at each kind of position), so a prompt that moves from
-code to prose moves its K and B. The latencies are the profile's (``ssd.bench.profile.cached_profile``: measured once per
-machine, pair, precision and core set, then read from the user cache), not the run's own clock: the choices then
+code to prose moves its K and B. The latencies are the profile's (``ssd.bench.profile.cached_profile``: measured once
+per machine, pair, precision and core set, then read from the user cache), not the run's own clock: the choices then
 depend only on the tokens. The caller fetches them before the run and passes them in an ``Autotune``: a decoding loop
 never profiles.
 

@@ -3,8 +3,8 @@
 ``auto`` is CUDA where this torch sees an NVIDIA GPU, else Apple's MPS, else the CPU. A device that is named but not
 there fails at once with one line naming the parameter (a CPU build of torch sees no GPU, whatever the machine has).
 
-What each kind of device runs at by default lives in ``ssd.models.precision`` (``accelerator_precision``); the pipeline's
-second device is ``drafter_device``'s choice.
+What each kind of device runs at by default lives in ``ssd.models.capability`` (``accelerator_precision``); the
+pipeline's second device is ``drafter_device``'s choice.
 """
 from __future__ import annotations
 

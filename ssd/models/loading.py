@@ -43,9 +43,9 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers) or auto, the precision
-    that makes speculation pay on this machine (ssd.models.precision; tiny pairs, the tests' exact reference, stay float32).
-    pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N
-    or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
+    that makes speculation pay on this machine (ssd.models.auto_precision; tiny pairs, the tests' exact reference, stay
+    float32). pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda,
+    cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
     """
     device = resolve_device(device)
     precisions = _precisions(name, target_dtype, draft_dtype, device, progress)
@@ -88,7 +88,8 @@ def _at_precision(model, precision: str, device, role: str):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Precisions: as asked, or auto (ssd.models.precision), measured once per machine and pair and kept in the user cache
+# Precisions: as asked, or auto (ssd.models.auto_precision), measured once per machine and pair and kept in the user
+# cache
 
 
 def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Precisions:

@@ -21,10 +21,10 @@ class Pair:
     tokenizer: object  # a transformers tokenizer, or ssd.models.tiny.ToyTokenizer
     name: str
     eos_token_ids: tuple[int, ...] = ()
-    # What builds this pair again in another process (ssd.pipeline.launch's drafter rank loads its own draft): a name for
-    # load_pair / load_draft, or a picklable zero-argument callable returning the same Pair. None: unknown.
+    # What builds this pair again in another process (ssd.pipeline.launch's drafter rank loads its own draft): a name
+    # for load_pair / load_draft, or a picklable zero-argument callable returning the same Pair. None: unknown.
     source: object = None
-    # What each model runs at and why (ssd.models.precision); recorded with every measurement.
+    # What each model runs at and why (ssd.models.auto_precision.Precisions); recorded with every measurement.
     precisions: Precisions = field(default_factory=lambda: fixed("float32", "float32", why="loaded as given"))
 
     def __post_init__(self):

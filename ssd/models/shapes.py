@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from .pair import Pair
-from .capability import accelerator_precision
-
-# The configurations ssd.models.loading' GGUF loader makes of the offline pair (tests/test_shapes.py checks them against the
-from .precision import check_precision, convert
 from .auto_precision import fixed
-# loaded models): Qwen2, float32 as loaded, each with its own output layer (untied).
+from .capability import accelerator_precision
+from .pair import Pair
+from .precision import check_precision, convert
+
+# The configurations ssd.models.loading's GGUF loader makes of the offline pair (tests/test_shapes.py checks them
+# against the loaded models): Qwen2, float32 as loaded, each with its own output layer (untied).
 ARCHITECTURES = {
     "qwen2.5-coder": {
         "draft": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -43,8 +43,8 @@ def config(name: str, role: str, layers: int | None = None) -> Qwen2Config:
 
 
 def default_precision(device) -> str:
-    """auto with random weights: the GPU's own precision (ssd.models.capability.accelerator_precision), float32 on a CPU. The
-    CPU's measured choice needs the real weights' timings, so there it must be named to be anything else."""
+    """auto with random weights: the GPU's own precision (ssd.models.capability.accelerator_precision), float32 on a
+    CPU. The CPU's measured choice needs the real weights' timings, so there it must be named to be anything else."""
     return accelerator_precision(device) or "float32"
 
 

@@ -57,8 +57,8 @@ def tiny_pair(*, vocab_size=16, agreement_noise=0.1, seed=0, hidden_size=32, num
     The draft's weights are (1 - agreement_noise) * target + agreement_noise * independent noise (same scale), so
     agreement_noise=0 gives a draft identical to the target and 1 an unrelated one: greedy agreement between them
     (and the speculative acceptance rate) falls as the noise rises. The default 0.1 gives acceptance rates of about
-    0.3-0.9 (0.3 gave about 0.05: every method took one round a token, and K or the temperature changed nothing). A large init_std lets attention mix the whole
-    context, so next-token distributions depend on more than the last token.
+    0.3-0.9 (0.3 gave about 0.05: every method took one round a token, and K or the temperature changed nothing). A
+    large init_std lets attention mix the whole context, so next-token distributions depend on more than the last token.
     """
     if not 0.0 <= agreement_noise <= 1.0:
         raise ValueError(f"agreement_noise must lie in [0, 1], got {agreement_noise}")

@@ -1,10 +1,11 @@
 """SSD on two ranks over torch.distributed: the target verifies on one device while the draft pre-speculates on
-another (Kumar, Dao & May, Sec. 5). ``ssd.core.speculation`` runs the same algorithm in one process, one phase after the other.
+another (Kumar, Dao & May, Sec. 5). ``ssd.core.speculation`` runs the same algorithm in one process, one phase after the
+other.
 
 Rank 0, the verifier, holds the target. Rank 1, the drafter, holds the draft and the speculation cache. Three
-modules, one idea each: ``ssd.pipeline.transport`` (the process group and the link), ``ssd.pipeline.protocol`` (the messages and each
-rank's loop over a generate call) and this one, the lifecycle: starting rank 1 (spawned, or torchrun's other
-process), the method ``generate_ssd_pipeline``, faults and shutdown.
+modules, one idea each: ``ssd.pipeline.transport`` (the process group and the link), ``ssd.pipeline.protocol`` (the
+messages and each rank's loop over a generate call) and this one, the lifecycle: starting rank 1 (spawned, or torchrun's
+other process), the method ``generate_ssd_pipeline``, faults and shutdown.
 
 Little crosses the wire: no KV cache (each rank keeps its own model's cache and its own copy of the committed tokens),
 no q at temperature 0 (it is one-hot on the drafted tokens, so the verifier rebuilds it), and no random numbers: the
