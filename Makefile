@@ -24,19 +24,20 @@ run: $(STAMP)
 
 # Our AR and SD against transformers' own generate and assisted generation on the same models, in float32, where all
 # four must give the target's tokens exactly (about 12 minutes); then the latency profile of the pair on the
-# pipeline's two cores at the auto precision and in float32 (about 5 minutes), kept in data/profiles/ under a name
-# of this kind of machine, where notebooks 05 and 07 read them rather than measure.
+# pipeline's two cores at the auto precision and in float32 (about 5 minutes); all into this kind of machine's folder
+# data/<machine>/ (profiles/ in it), where notebooks 05 and 07 read the profiles rather than measure them.
 bench: $(STAMP)
 	$(BIN)/python -m ssd bench --pair qwen2.5-coder --methods ar,hf-ar,sd,hf-sd -k 4 \
 		--prompts humaneval:8 --max-new-tokens 64 --temperature 0 --seed 0 --target-dtype float32 \
-		--draft-dtype float32 --json data/bench.json
-	$(BIN)/python -m ssd profile --pair qwen2.5-coder --store data/profiles --figure figures/profile.png
+		--draft-dtype float32 --json 'data/{machine}/bench.json'
+	$(BIN)/python -m ssd profile --pair qwen2.5-coder --store data --figure figures/profile.png
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
-		--store data/profiles --figure figures/profile_float32.png
+		--store data --figure figures/profile_float32.png
 
-# The sweeps behind docs/findings.md (resumable: a rerun skips the points already in data/). About 8 hours on
-# a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the wall-clock grid at the auto precision 54
-# minutes, the batch-size study (notebook 08) about 4 hours and its round account 1 hour, which must run alone.
+# The sweeps behind docs/findings.md, into this kind of machine's folder data/<machine>/ (resumable: a rerun skips the
+# points already there). About 8 hours on a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the
+# wall-clock grid at the auto precision 54 minutes, the batch-size study (notebook 08) about 4 hours and its round
+# account 1 hour, which must run alone.
 sweep: $(STAMP)
 	$(BIN)/python -m ssd sweep sweeps/hit_rates.yaml --jobs 2
 	$(BIN)/python -m ssd sweep sweeps/saguaro.yaml --jobs 2

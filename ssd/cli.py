@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default humaneval:8)")
     b.add_argument("--first-turns", action="store_true", help="answer only each prompt's first turn (by default a "
                    "Spec-Bench row's later turns are answered too, each after the answer before it)")
-    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here; "
+    b.add_argument("--json", default=None, help="write rows, summary, categories, machine and arguments here "
+                   "({machine} in the path: this kind of machine's folder name, e.g. data/{machine}/bench.json); "
                    "meanwhile JSON.partial keeps the prompts done, and a rerun of the same command resumes from it")
     b.add_argument("--csv", default=None, help="also write the rows (one per method and answer) here")
 
@@ -109,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.course.sweep)")
     sw.add_argument("--jobs", type=int, default=1, help="points run at once, each in its own process (default 1)")
     sw.add_argument("--dry-run", action="store_true", help="list the points, marking those done; run nothing")
-    sw.add_argument("--data-dir", default="data", help="results go to DATA_DIR/NAME.csv (default data)")
+    sw.add_argument("--data-dir", default="data/{machine}", help="results go to DATA_DIR/NAME.csv (default "
+                    "data/{machine}: this kind of machine's folder, e.g. data/amd-epyc-avx2)")
     sw.add_argument("--runs-dir", default="runs", help="executed notebooks go to RUNS_DIR/NAME/ (default runs)")
 
     pr = sub.add_parser("profile", help="latency curves of the pair at its precisions on the ranks' cores, with the "
@@ -124,16 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "weights, where its weights are not installed (a pass's time depends on the shapes, not the "
                     "values; ssd.models.shapes); auto precisions are then the GPU's own, float32 on a CPU")
     pr.add_argument("--json", default=None, help="write the profile here")
-    pr.add_argument("--store", default=None, help="also keep it in this folder of stored profiles (data/profiles), "
-                    "named by the pair, its precisions and the kind of machine; notebooks read it there")
+    pr.add_argument("--store", default=None, help="also keep it with the kit's stored results: in STORE/<machine>/"
+                    "profiles (--store data), named by the pair, its precisions and the kind of machine; notebooks "
+                    "read it there")
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
 
     g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests, a short bench in float32 and "
-                       "bfloat16 and the pair's profile in its shapes, within 8 minutes, into data/gpu_check.json; "
+                       "bfloat16 and the pair's profile in its shapes, within 8 minutes, into data/<the GPU>/gpu_check.json; "
                        "without a GPU it stops at once")
-    g.add_argument("--json", default=GPU_CHECK_OUT, help=f"where the result goes (default {GPU_CHECK_OUT})")
+    g.add_argument("--json", default=GPU_CHECK_OUT, help="where the result goes (default data/<machine>/gpu_check.json,"
+                   " the GPU's folder, e.g. data/nvidia-h200/gpu_check.json)")
     g.add_argument("--budget-s", type=float, default=GPU_CHECK_BUDGET_S, help="the whole check's time limit in "
                    f"seconds (default {GPU_CHECK_BUDGET_S:.0f}); a step that would not fit is skipped and said")
     return parser

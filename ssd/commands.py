@@ -107,6 +107,7 @@ def cmd_bench(args) -> None:
     if args.first_turns:
         prompts = first_turns(prompts)
     pair, config = setup(args)
+    args.json, args.csv = (_for_this_machine(p, pair.target.device) for p in (args.json, args.csv))
     # Theorem 7 fed by the ranks' latency curves: the pipeline priced at each b it decodes at (on a CPU, whose cores
     # the profile times), and the b = 1 curves, and each tuned b's, for the variants on auto (their tuner reads them)
     priced = _pipeline_batch_sizes(methods, args.batch_size) if pair.target.device.type == "cpu" else set()
@@ -168,12 +169,21 @@ def cmd_course(args) -> int:
     return 0
 
 
+def _for_this_machine(path: str | None, device="cpu") -> str | None:
+    """A results path with {machine} filled in: the folder of this kind of machine in data/ (ssd.bench.machines)."""
+    if not path or "{machine}" not in path:
+        return path
+    from .bench.machines import this_machine
+
+    return path.replace("{machine}", this_machine(device))
+
+
 def cmd_sweep(args) -> int:
     from .course import sweep  # it imports nbformat: the other commands run where only the kit's core packages are
 
     grid = sweep.load_grid(args.grid)
     try:
-        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=args.data_dir, runs_dir=args.runs_dir,
+        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=_for_this_machine(args.data_dir), runs_dir=args.runs_dir,
                                  dry_run=args.dry_run)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the children are stopped, the points done are kept
         print("sweep interrupted; the points finished so far are recorded, a rerun runs the rest", file=sys.stderr)
@@ -204,8 +214,11 @@ def cmd_profile(args) -> None:
         profile.save(result, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.store:
-        path = os.path.join(args.store, profile.stored_name(result))
-        os.makedirs(args.store, exist_ok=True)
+        from .bench.machines import this_machine
+
+        folder = os.path.join(args.store, this_machine(), "profiles")  # data/<machine>/profiles
+        path = os.path.join(folder, profile.stored_name(result))
+        os.makedirs(folder, exist_ok=True)
         profile.save(result, path)
         print(f"wrote {path}", file=sys.stderr)
     if args.figure:

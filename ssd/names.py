@@ -11,5 +11,5 @@ PRECISION_CHOICES = PRECISIONS + ("auto",)
 STRATEGIES = ("uniform", "geometric", "calibrated")
 BACKUPS = ("jit", "fast", "auto")  # auto: the one predicted faster at the batch size (ssd.core.tuning)
 AUTO = "auto"  # the value of k or budget that asks for the choice (ssd.core.tuning)
-GPU_CHECK_OUT = "data/gpu_check.json"
+GPU_CHECK_OUT = "data/{machine}/gpu_check.json"  # {machine}: the GPU's folder (ssd.bench.machines)
 GPU_CHECK_BUDGET_S = 480.0  # make gpu-check: the whole check, tests and benches together

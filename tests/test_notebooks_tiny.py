@@ -52,7 +52,7 @@ def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures
     for method, name in (("sd", "autotune_sd_{set}"), ("ssd-pipeline", "autotune_pipeline_{set}"),
                          ("ssd-pipeline auto", "autotune_pipeline_auto_{set}")):
         for s in ("humaneval", "prose"):
-            source = ROOT / "data" / f"{name.format(set=s)}.json"
+            source = ROOT / "data" / "intel-xeon-amx" / f"{name.format(set=s)}.json"
             if source.exists():
                 result = json.loads(source.read_text())
                 result["args"]["pair"], result["precision"] = "tiny", precision

@@ -313,7 +313,7 @@ def test_a_stored_profile_of_another_kind_precision_or_setting_is_not_used(pair,
 def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
                  "--store", str(tmp_path / "store")]) == 0
-    (path,) = (tmp_path / "store").glob("*.json")
+    (path,) = (tmp_path / "store").glob("*/profiles/*.json")  # data/<machine>/profiles
     assert path.name.startswith("tiny_float32_float32_") and prof.load(path).pair == "tiny"
 
 
@@ -321,7 +321,7 @@ def test_cli_profile_stores_under_a_name_of_its_kind(tmp_path, capsys):
 def test_cli_profile_at_a_batch_size_and_a_bad_one(tmp_path, capsys):
     assert main(["profile", "--pair", "tiny", "--verifier-cores", V, "--drafter-cores", D, "--reps", "1",
                  "--batch-size", "2", "--store", str(tmp_path / "store")]) == 0
-    (path,) = (tmp_path / "store").glob("*.json")
+    (path,) = (tmp_path / "store").glob("*/profiles/*.json")  # data/<machine>/profiles
     assert "_b2_" in path.name and prof.load(path).batch_size == 2
     assert "batch size 2" in capsys.readouterr().out
     assert main(["profile", "--pair", "tiny", "--batch-size", "0"]) == 2

@@ -71,7 +71,7 @@ def test_a_drafter_slower_than_the_verifier_drives_the_budget_down():
 
 
 def test_on_the_measured_profile_every_candidate_is_priced():
-    profile = load(pathlib.Path(__file__).parent.parent / "data" / "profiles" /
+    profile = load(pathlib.Path(__file__).parent.parent / "data" / "intel-xeon-amx" / "profiles" /
                    "qwen2.5-coder_bfloat16_int8_f3bdb07b.json")  # the pair at its auto precision, with AMX
     sd = choose_sd_k(0.8, profile)
     ssd = choose_ssd_k_budget(0.8, LAW, profile)

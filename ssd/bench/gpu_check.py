@@ -16,7 +16,7 @@
    the weights are not: a verify pass over b x (K + 1) tokens in one-token steps (v), a draft step over a target step
    (c), and SD's speed-up E / (cK + v) these give at a few acceptance rates. On CUDA, the same passes on a static
    cache, eager and replayed from a CUDA graph (``ssd.bench.graphs``): how much of a step is the host launching kernels.
-6. data/gpu_check.json, written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
+6. data/<the GPU>/gpu_check.json (data/nvidia-h200/...), written under a temporary name and renamed: the GPU's name, the versions, each step's outcome
    and time, the bench results, the profiles, and the headline checks. The exit status is 0 only if every check held.
 
 It installs nothing: the README's set-up (`make install`) is all it needs; without the pair's packages or the notebook
@@ -41,7 +41,7 @@ from ..files import KIT_ROOT, write_json
 from ..models.gguf_store import ModelPartError, part_paths
 from ..models.loading import PAIRS
 from ..names import GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, TINY_PAIR
-from ..models.capability import accelerator_precision, device_name
+from ..models.capability import accelerator_precision, device_name, kind_of, kind_slug
 
 TESTS_S = 180.0  # the gpu tests take well under a minute on a GPU; this bounds a hang
 TESTS = KIT_ROOT / "tests" / "test_gpu.py"
@@ -262,6 +262,7 @@ def run(out: str = GPU_CHECK_OUT, budget_s: float = GPU_CHECK_BUDGET_S, *, devic
     record.update(verdicts(benches))
     record["elapsed_s"] = round(clock.elapsed(), 1)
     record["passed"] = passed(record)
+    out = out.format(machine=kind_slug(kind_of({"device": device.type, "device_name": record["gpu"]})))
     write_json(out, record)
     say(f"{'passed' if record['passed'] else 'FAILED'}: float32 identical to AR {record['greedy_identical_float32']}, "
         f"reduced-precision differences at near-ties {record['near_ties_reduced']}, sd over hf-sd "

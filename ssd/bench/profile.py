@@ -20,7 +20,7 @@ B = 1 a batched draft step), the glue step over b rows; so SD's E / (cK + v) and
 Each curve is also given as a ratio to its one-token step. Theorem 7 can take its latencies from a profile
 (``ssd.core.theory.theorem7_from_profile``). A profile is measured once per machine, pair, precision and core set and
 kept in the user cache (``cached_profile``); any change of those measures again. Profiles measured on known kinds of
-machine are also kept with the kit (``data/profiles/``, ``python -m ssd profile --store DIR``): a notebook reads the
+machine are also kept with the kit (``data/<machine>/profiles/``, ``python -m ssd profile --store data``): a notebook reads the
 one of this kind rather than spend minutes measuring it (``stored_profile``), recognised, like a stored bench, by what
 decides its numbers and never by its timings.
 """
@@ -57,7 +57,7 @@ TREE_DEPTHS = 2  # depths of the tree each timing of draft_tree drafts (its time
 # 2: the draft's rows timed as draft_tree runs them, draw included (a bare forward left out the draw over the
 # vocabulary, 40% of a depth at 32 rows on this project's CPUs), and the glue step added
 VERSION = 2
-KIT_PROFILES = str(KIT_ROOT / "data" / "profiles")  # the profiles kept with the kit (none when installed: measured)
+KIT_PROFILES = str(KIT_ROOT / "data")  # the profiles kept with the kit, data/<machine>/profiles (none when installed)
 BANDWIDTH_MB = 1024  # the buffer the bandwidth is read from: larger than any cache
 
 
@@ -221,8 +221,10 @@ def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", c
 
 
 def stored_profile(folder: str, pair, **options) -> Profile | None:
-    """The profile among the JSON files in `folder` that answers for this pair here (``answers_for``), or None."""
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    """The profile that answers for this pair here (``answers_for``) among the JSON files in `folder`, in its
+    profiles/, or in the profiles/ of each machine's folder under it (data/<machine>/profiles), or None."""
+    patterns = ("*.json", os.path.join("profiles", "*.json"), os.path.join("*", "profiles", "*.json"))
+    for path in sorted(p for pattern in patterns for p in glob.glob(os.path.join(folder, pattern))):
         try:
             candidate = load(path)
         except (ValueError, TypeError, KeyError):

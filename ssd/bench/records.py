@@ -13,7 +13,8 @@ import torch
 
 from ..models import kernels
 from ..core.decoding import DecodeConfig
-from ..models.capability import capability, device_name, kind_line, kind_of, machine_kind
+from ..models.capability import capability, device_name, kind_line, kind_of, kind_slug, machine_kind
+from .machines import commit
 from ..core.tuning import Autotune
 from .run import run_bench
 
@@ -43,6 +44,8 @@ def environment(device="cpu") -> dict:
         "transformers": transformers.__version__,
         "capability": capability(),  # the CPU's vector ISA and native reduced precisions: what auto decided from
         "float32_library": kernels.decisions(),  # which library multiplied float32 layers, as timed here (ssd.models.kernels)
+        "kind": kind_slug(machine_kind(device)),  # the machine's folder in data/ (ssd.bench.machines)
+        "commit": commit(),  # the kit's commit that measured it
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 
 import torch
 
@@ -12,6 +13,9 @@ import torch
 # CPU flags worth recording: the vector ISA, and native low-precision dot products (x86 /proc/cpuinfo, aarch64 names).
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8",
          "amx_fp16", "asimd", "bf16", "i8mm", "sve", "sve2")
+# The flag that names a CPU's folder in data/, strongest first: the one that decides what a verify pass costs there.
+SLUG_FEATURES = (("amx_bf16", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("sve", "sve"),
+                 ("bf16", "neon-bf16"), ("asimd", "neon"), ("avx2", "avx2"))
 NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"), "float16": ("avx512_fp16", "amx_fp16", "asimdhp")}
 
 
@@ -87,6 +91,18 @@ def kind_line(kind: dict) -> str:
     if kind["device"] != "cpu" or not kind["isa"]:
         return kind["device_name"] or "a machine the result did not record"
     return f"{kind['device_name']}, {kind['isa']} ({', '.join(kind['flags']) or 'no recorded flags'})"
+
+
+def kind_slug(kind: dict) -> str:
+    """The folder name of a kind of machine in data/: its vendor and model words, and for a CPU the feature that
+    decides its regime (AMX, avx512_bf16, AVX-512, AVX2): 'intel-xeon-amx', 'amd-epyc-avx2', 'nvidia-h200'."""
+    name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|@.*", " ", (kind.get("device_name") or "unrecorded").lower())
+    base = "-".join(re.findall(r"[a-z0-9]+", name)[:4]) or "unrecorded"
+    if kind.get("device") != "cpu":
+        return base
+    flags = set(kind.get("flags") or [])
+    feature = next((slug for flag, slug in SLUG_FEATURES if flag in flags), (kind.get("isa") or "cpu").lower())
+    return f"{base}-{feature}"
 
 
 def capability_line(cap: dict | None = None) -> str:
