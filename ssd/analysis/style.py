@@ -6,7 +6,8 @@ bootstrap, so a figure is a deterministic function of its frame. Where a frame h
 setting (seeds, rounds), they are averaged per prompt first (`summarise`): the sample is the prompts. A rate's
 interval is clipped to [0, 1]. A group of fewer than 3 prompts has no interval: it is drawn without an error bar, and
 the legend says so. The style (seaborn "whitegrid", one palette) is applied while a figure is built (`styled`),
-without touching the global rcParams. `save` writes a PNG atomically.
+without touching the global rcParams. `caption` names the machine and precisions under a figure; `save` writes a
+PNG atomically.
 """
 from __future__ import annotations
 
@@ -167,6 +168,29 @@ def errorbar(ax, x, s: pd.DataFrame, *, label: str, colour, fmt="o-", **kw):
     yerr = error_bars(s)
     return ax.errorbar(np.asarray(x, dtype=float), s["mean"].to_numpy(float), yerr=yerr, fmt=fmt, capsize=4,
                        color=colour, label=label, **kw)
+
+
+def setting_line(machine: str, target: str, draft: str) -> str:
+    """'AMD EPYC (2 cores), AVX512, native bfloat16 · target bfloat16, draft int8': where a figure's numbers were
+    measured and at which precisions (``caption`` puts it under the figure)."""
+    return f"{machine} · target {target}, draft {draft}"
+
+
+def pair_line(pair) -> str:
+    """``setting_line`` for a pair measured in this process, on this machine (a GPU by its name, a CPU by its model,
+    cores, ISA and native precisions)."""
+    from ..models.capability import capability_line, device_name
+
+    device = pair.target.device
+    machine = capability_line() if device.type == "cpu" else device_name(device)
+    return setting_line(machine, pair.precisions.target, pair.precisions.draft)
+
+
+def caption(fig, line: str):
+    """Write `line` (``setting_line``: the machine and the precisions) in small grey type under the figure, so the
+    saved PNG says where its numbers came from wherever it is shown; returns the figure."""
+    fig.text(0.01, 0.0, line, ha="left", va="top", fontsize="small", color="0.35", transform=fig.transFigure)
+    return fig
 
 
 def save(fig, path) -> str:
