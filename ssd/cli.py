@@ -103,8 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     co = sub.add_parser("course", help="execute every numbered notebook at its defaults with papermill")
     co.add_argument("--notebooks", default="notebooks", help="folder of the numbered notebooks (default notebooks)")
-    co.add_argument("--out", default="runs/course", help="where the executed copies go (default runs/course)")
+    co.add_argument("--out", default="runs/course", help="where the executed copies go, and under it every "
+                    "file they write (default runs/course); the notebooks' own folder: the maintainers' stored run, "
+                    "the notebooks rewritten in place and their figures in figures/")
     co.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 00,01 (default: all)")
+    co.add_argument("--report", default=None, metavar="PAGE", help="then render what the notebooks measured (OUT/"
+                    "results/<machine>) as this machine's page into PAGE, e.g. runs/report.md (python -m ssd report)")
 
     sw = sub.add_parser("sweep", help="run a notebook over a YAML parameter grid with papermill; resumable")
     sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.course.sweep)")

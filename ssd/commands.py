@@ -164,8 +164,29 @@ def cmd_hit_rates(args) -> None:
 
 def cmd_course(args) -> int:
     only = [p.strip() for p in args.only.split(",") if p.strip()] if args.only else None
+    if args.report and course.in_place(args.notebooks, args.out):
+        raise ValueError(f"report needs a user's run: --out {args.out} is the notebooks' own folder (the stored run, "
+                         f"which writes no results); give another --out, e.g. runs/course")
     seconds = course.run_course(args.notebooks, args.out, only)
     print("\n".join(f"{name:32s} {s:6.0f} s" for name, s in seconds.items()))
+    return _render_page(args.out, args.report) if args.report else 0
+
+
+def _render_page(out: str, page: str) -> int:
+    """This machine's page of what the course measured, by `python -m ssd report` in its own process (its interface,
+    --from DIR --out FILE, is the contract between the two); says where the page is."""
+    import subprocess
+
+    from .bench.machines import this_machine
+
+    command = course.report_command(out, page, this_machine())
+    results = command[command.index("--from") + 1]
+    if not os.path.isdir(results):
+        raise ValueError(f"report: the notebooks run wrote no results into {results} (notebook 05 does); no page")
+    print(f"python -m ssd report --from {results} --out {page}", file=sys.stderr)
+    if subprocess.run(command, check=False).returncode:
+        return 1
+    print(f"your machine's page: {page}")
     return 0
 
 

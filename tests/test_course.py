@@ -1,10 +1,13 @@
-"""python -m ssd course: every numbered notebook at its defaults, executed copies written whole or not at all."""
+"""python -m ssd course: every numbered notebook at its defaults, executed copies written whole or not at all; a
+user's run writes every file under its out folder, the stored run rewrites the notebooks in place."""
+import json
 import os
+import pathlib
 
 import nbformat
 import pytest
 
-from ssd.course.notebooks import course_notebooks, run_course
+from ssd.course.notebooks import course_notebooks, course_parameters, in_place, outputs, report_command, run_course
 
 
 def notebook(path, source):
@@ -50,3 +53,112 @@ def test_only_and_an_empty_folder_are_checked(tmp_path):
     notebook(tmp_path / "00_a.ipynb", "1")
     with pytest.raises(ValueError, match="only=\\['07'\\] matches none"):
         run_course(str(tmp_path), str(tmp_path / "out"), only=["07"])
+
+
+# ---- a user's run: every file under its out folder -------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+COURSE = course_notebooks(str(ROOT / "notebooks"))
+
+
+def test_a_users_run_points_every_output_a_notebook_declares_under_its_out_folder(tmp_path):
+    out = tmp_path / "runs" / "course"
+    given = outputs(str(out), "some-machine")
+    assert given == {"figures_dir": str(out / "figures"), "results_dir": str(out / "results" / "some-machine"),
+                     "demo_dir": str(out / "demo")}
+    passed = {os.path.basename(nb)[:2]: course_parameters(nb, given) for nb in COURSE}
+    for number, parameters in passed.items():
+        assert all(pathlib.Path(v).is_relative_to(out) for v in parameters.values()), (number, parameters)
+    assert "results_dir" in passed["05"] and "demo_dir" in passed["06"]
+    assert sum("figures_dir" in p for p in passed.values()) >= 7
+
+
+def test_no_notebook_default_that_writes_into_the_repository_is_left_to_a_users_run(tmp_path):
+    """A default under ../figures, ../runs or ../data/demo writes into the checkout; a user's run must replace each.
+    (../data itself is read: the kit's stored results.)"""
+    import papermill
+
+    given = outputs(str(tmp_path / "out"), "some-machine")
+    writes = ("../figures", "../runs", "../data/demo")
+    for nb in COURSE:
+        defaults = {name: p["default"].strip("'\"") for name, p in papermill.inspect_notebook(nb).items()}
+        into_repo = {name for name, default in defaults.items() if default.startswith(writes)}
+        assert into_repo <= set(course_parameters(nb, given)), (nb, into_repo)
+
+
+def test_the_stored_run_is_the_notebooks_own_folder_and_takes_no_parameters(tmp_path):
+    notebook(tmp_path / "00_a.ipynb", "1")
+    assert in_place(str(tmp_path), str(tmp_path) + "/") and not in_place(str(tmp_path), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="cannot be given to the stored run"):
+        run_course(str(tmp_path), str(tmp_path), parameters={"pair_name": "tiny"})
+
+
+def test_the_page_is_rendered_from_the_machines_results_folder():
+    command = report_command("runs/course", "runs/report.md", "amd-epyc-avx2")
+    assert command[1:4] == ["-m", "ssd", "report"] and command[-2:] == ["--out", "runs/report.md"]
+    assert command[command.index("--from") + 1] == str(pathlib.Path("runs/course/results/amd-epyc-avx2").resolve())
+
+
+def files_of(root: pathlib.Path) -> dict:
+    """Every file of the checkout but git's own and the caches Python and pytest keep, with its size and time."""
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+    found = {}
+    for folder, folders, names in os.walk(root):
+        folders[:] = [f for f in folders if f not in skip and not f.endswith(".egg-info")]
+        for name in names:
+            stat = os.stat(os.path.join(folder, name))
+            found[os.path.relpath(os.path.join(folder, name), root)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+@pytest.mark.integration
+def test_a_users_run_on_the_tiny_pair_writes_only_under_its_out_folder(tmp_path):
+    """00 and 05 of the course itself, as `make run` runs them: the checkout's files (tracked or ignored) untouched,
+    and notebook 05's bench kept under OUT/results/<machine> as a bench JSON a stored bench's reader takes."""
+    import subprocess
+
+    from ssd.bench.machines import this_machine
+    from ssd.bench.records import load_rows
+
+    status = ["git", "-C", str(ROOT), "status", "--porcelain"]
+    before, status_before = files_of(ROOT), subprocess.run(status, capture_output=True, text=True).stdout
+    out = tmp_path / "course"
+    seconds = run_course(str(ROOT / "notebooks"), str(out), only=["00", "05"], parameters={"pair_name": "tiny"})
+    assert list(seconds) == ["00_quickstart.ipynb", "05_two_device_pipeline.ipynb"]
+    assert files_of(ROOT) == before
+    assert subprocess.run(status, capture_output=True, text=True).stdout == status_before
+    bench = out / "results" / this_machine() / "pipeline_b1.json"
+    saved = json.loads(bench.read_text())
+    assert {"args", "environment", "precision", "rows", "summary"} <= set(saved) and "spans" not in saved
+    assert saved["args"]["pair"] == "tiny" and saved["environment"]["kind"] == this_machine()
+    assert set(load_rows(str(bench)).method) == {"ar", "sd", "sd-1core", "ssd-pipeline"}
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["05_latency_profile.png", "05_timeline.png",
+                                                                    "05_wall_clock.png"]
+
+
+def test_a_notebooks_bench_is_kept_as_the_bench_command_keeps_one(tmp_path):
+    """What notebook 05 keeps for the user's page reads back as a stored bench does (rows, summary, this pair at these
+    precisions on this kind of machine), names its settings as the command line does, and leaves the result whole."""
+    from ssd.bench.prompts import load_prompts
+    from ssd.bench.records import load_rows, stored
+    from ssd.bench.run import run_bench
+    from ssd.core.speculation import SSDConfig
+    from ssd.course import measured
+    from ssd.models.loading import load_pair
+
+    pair, config = load_pair("tiny"), SSDConfig(k=2, max_new_tokens=4, budget=2)
+    result = run_bench(pair, load_prompts("humaneval[0:1]"), ["ar", "sd"], config, progress=False)
+    path = str(tmp_path / "results" / "pipeline_b1.json")
+    settings = dict(notebook="05_two_device_pipeline", prompts="humaneval[0:1]", methods=["ar", "sd"], batch_size=1,
+                    device="cpu", target_dtype="auto", draft_dtype="auto")
+    assert measured.save_bench(path, result, pair, config, **settings) == path
+    saved = json.loads(pathlib.Path(path).read_text())
+    assert {"args", "environment", "precision", "rows", "summary", "profile"} <= set(saved) and "spans" in result
+    assert "spans" not in saved and saved["profile"] is None
+    named = {"methods": "ar,sd", "fan_out": "uniform", "k": 2, "budget": 2, "pair": "tiny", "prompts": "humaneval[0:1]"}
+    assert saved["args"] | named == saved["args"]
+    assert list(load_rows(path).method.unique()) == ["ar", "sd"]
+    assert stored(path, pair)["elsewhere"] is None
+    assert os.listdir(tmp_path / "results") == ["pipeline_b1.json"]  # no temporary file left beside it
+    with pytest.raises(ValueError, match="path must end in .json"):
+        measured.save_bench(str(tmp_path / "bench.csv"), result, pair, config, **settings)
