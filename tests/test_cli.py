@@ -26,6 +26,7 @@ from ssd.bench.prompts import load_prompts, prompt_set
         (["hit-rates", "--budgets", "0,x"], "budgets must be comma-separated integers >= 0"),
         (["hit-rates", "--strategies", "uniform,zipf"], "fan_out_strategy must be one of"),
         (["hit-rates", "-k", "auto"], "hit-rates reads every budget off one run at a fixed K"),
+        (["course", "--out", "notebooks/", "--report", "runs/report.md"], "report needs a user's run: --out"),
     ],
 )
 def test_bad_arguments_fail_fast_with_a_clear_message(argv, message, capsys):
