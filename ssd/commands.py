@@ -179,12 +179,12 @@ def _render_page(out: str, page: str) -> int:
 
     from .bench.machines import this_machine
 
-    command = course.report_command(out, page, this_machine())
-    results = command[command.index("--from") + 1]
+    machine = this_machine()
+    results = course.results_dir(out, machine)
     if not os.path.isdir(results):
         raise ValueError(f"report: the notebooks run wrote no results into {results} (notebook 05 does); no page")
     print(f"python -m ssd report --from {results} --out {page}", file=sys.stderr)
-    if subprocess.run(command, check=False).returncode:
+    if subprocess.run(course.report_command(out, page, machine), check=False).returncode:
         return 1
     print(f"your machine's page: {page}")
     return 0
