@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from .analysis import experiments
-from .bench import gpu_check, profile, records, stats, summaries
+from .bench import gpu_check, machines, profile, records, stats, summaries
 from .bench import run as bench
 from .bench.methods import get_method, tunes
 from .bench.prompts import Prompt, encode, first_turns, load_prompts
@@ -136,7 +136,7 @@ def cmd_bench(args) -> None:
     print("where the time went, per answer:")
     print(pd.DataFrame(result["breakdown"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.csv:
-        write_csv(pd.DataFrame(result["rows"]), args.csv)
+        write_csv(machines.stamp(pd.DataFrame(result["rows"]), pair), args.csv)
         print(f"wrote {args.csv}", file=sys.stderr)
     if args.json:
         write_json(args.json, result)
@@ -155,8 +155,8 @@ def cmd_hit_rates(args) -> None:
     rounds = experiments.ssd_rounds(pair, prompts, config, seed=args.seed)
     curves = experiments.hit_rate_curves(rounds, budgets, config.k, strategies, a_p=config.a_p, r=config.r)
     table = stats.mean_ci(curves, ["strategy", "budget"], "hit_rate")
-    write_csv(rounds, f"{args.out}_rounds.csv")
-    write_csv(curves, f"{args.out}.csv")
+    write_csv(machines.stamp(rounds, pair), f"{args.out}_rounds.csv")
+    write_csv(machines.stamp(curves, pair), f"{args.out}.csv")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"acceptance rate {rounds.accepted.sum() / rounds.draft_len.sum():.3f}, {len(rounds)} rounds; "
           f"wrote {args.out}.csv and {args.out}_rounds.csv", file=sys.stderr)
@@ -194,9 +194,7 @@ def _for_this_machine(path: str | None, device="cpu") -> str | None:
     """A results path with {machine} filled in: the folder of this kind of machine in data/ (ssd.bench.machines)."""
     if not path or "{machine}" not in path:
         return path
-    from .bench.machines import this_machine
-
-    return path.replace("{machine}", this_machine(device))
+    return path.replace("{machine}", machines.this_machine(device))
 
 
 def cmd_sweep(args) -> int:
@@ -235,9 +233,7 @@ def cmd_profile(args) -> None:
         profile.save(result, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.store:
-        from .bench.machines import this_machine
-
-        folder = os.path.join(args.store, this_machine(), "profiles")  # data/<machine>/profiles
+        folder = os.path.join(args.store, machines.this_machine(), "profiles")  # data/<machine>/profiles
         path = os.path.join(folder, profile.stored_name(result))
         os.makedirs(folder, exist_ok=True)
         profile.save(result, path)

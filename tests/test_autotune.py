@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from ssd.bench import run as bench
-from ssd.bench import records
-from ssd.analysis import experiments, plots
+from ssd.bench import machines, records
+from ssd.analysis import experiments, plots, style
 from ssd.core import tuning
 from ssd.checks import parse_methods, parse_variant
 from ssd.cli import main
@@ -276,6 +276,12 @@ def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
     plt.close(fig)
 
 
+AMX_ENVIRONMENT = {"device": "cpu", "device_name": "Intel(R) Xeon(R) Processor", "cpu_count": 2, "capability": {
+    "cpu": "Intel(R) Xeon(R) Processor", "isa": "AVX512", "native": ["bfloat16", "float16"], "cores": 2,
+    "flags": ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"],
+    "torch": "2.13.0+cpu", "int8_engine": "x86"}}  # as the Intel Xeon with AMX recorded its benches
+
+
 def stored_bench(pair, **precision) -> dict:
     """A stored bench of `pair` as `python -m ssd bench --json` writes it, measured on this kind of machine."""
     return {"args": {"pair": pair.name}, "precision": pair.precisions.as_dict() | precision,
@@ -328,6 +334,78 @@ def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path
     kind = machine_kind("cpu")
     assert kind_of(records.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
                                                                              "device_name": "NVIDIA H200"})) == "NVIDIA H200"
+
+
+def test_a_bench_at_other_precisions_is_shown_only_where_asked_and_says_at_which(tmp_path, pair):
+    """Notebook 07 on a machine whose auto precision differs from the stored benches' (issue 49): shown, not empty."""
+    path = tmp_path / "bench.json"
+    other = "bfloat16" if pair.precisions.target != "bfloat16" else "float16"
+    path.write_text(json.dumps(stored_bench(pair, target=other)))
+    assert records.stored(str(path), pair) is None  # by default another precision is another model's numbers
+    found = records.stored(str(path), pair, other_precisions=True)
+    assert found["source"] == str(path) and f"at target {other}, draft {pair.precisions.draft}" in found["elsewhere"]
+    assert "another kind of machine" not in found["elsewhere"] and "\n" not in found["elsewhere"]
+    shown = records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=True,
+                                  other_precisions=True)
+    assert shown["source"] == str(path)  # shown as stored, not measured
+    path.write_text(json.dumps(stored_bench(pair, target=other) | {"args": {"pair": "another"}}))
+    assert records.stored(str(path), pair, other_precisions=True) is None  # another pair is never shown
+
+
+def test_the_machine_whose_benches_are_shown_is_named_or_the_nearest_that_has_them(tmp_path, pair):
+    root = tmp_path / "data"
+    here = machines.this_machine()
+    assert records.machine_to_show(str(root), "nearest", having="b.json") is None  # nothing stored: none
+    for name, env in (("intel-xeon-amx", AMX_ENVIRONMENT), (here, records.environment("cpu"))):
+        (root / name).mkdir(parents=True, exist_ok=True)  # one folder where this machine is the AMX one
+        (root / name / "a.json").write_text(json.dumps(stored_bench(pair) | {"environment": env}))
+    (root / "intel-xeon-amx" / "b.json").write_text("{}")
+    if here != "intel-xeon-amx":
+        assert records.machine_to_show(str(root), "nearest", having="b.json") == "intel-xeon-amx"
+    assert records.machine_to_show(str(root), "nearest", having="a.json") == here  # this kind's own first
+    assert records.machine_to_show(str(root), "here") == here
+    assert records.machine_to_show(str(root), "intel-xeon-amx") == "intel-xeon-amx"
+    with pytest.raises(ValueError, match="machine must be 'nearest', 'here' or a stored machine"):
+        records.machine_to_show(str(root), "mars")
+
+
+def test_a_stored_bench_is_priced_on_the_profile_of_its_own_machine(tmp_path, pair):
+    folder = tmp_path / "intel-xeon-amx"
+    (folder / "profiles").mkdir(parents=True)
+    bench = stored_bench(pair) | {"environment": AMX_ENVIRONMENT,
+                                  "args": {"pair": pair.name, "verifier_cores": "0", "drafter_cores": "1"}}
+    assert records.profile_of(bench, str(folder)) is None  # the folder keeps none
+    profile = toy_profile()
+    profile.pair, profile.capability = pair.name, AMX_ENVIRONMENT["capability"]
+    profile.precisions = pair.precisions.as_dict()
+    (folder / "profiles" / "not_a_profile.json").write_text("{}")
+    for name, changed in (("b8.json", {"batch_size": 8}), ("other_cores.json", {"drafter_cores": [2]}),
+                          ("here.json", {"capability": records.environment("cpu")["capability"]}),
+                          ("amx.json", {})):
+        (folder / "profiles" / name).write_text(json.dumps(profile.to_dict() | changed))
+    found = records.profile_of(bench, str(folder))
+    assert found is not None and found.batch_size == 1 and found.drafter_cores == [1]
+    assert found.capability == AMX_ENVIRONMENT["capability"]  # the bench's kind of machine, not this one's
+    draft = "int8" if pair.precisions.draft != "int8" else "float32"
+    other = bench | {"precision": bench["precision"] | {"draft": draft}}
+    assert records.profile_of(other, str(folder)) is None  # another precision: another profile
+
+
+def test_the_rounds_a_tuner_learns_from_are_read_where_stored(tmp_path, pair):
+    path = tmp_path / "rounds.csv"
+    path.write_text("draft_len,accepted,rank,prompt_id\n4,4,1,p0\n4,2,,p0\n4,3,3,p1\n")
+    rounds, line = experiments.rounds_to_learn_from(str(path), pair, [], SSDConfig())  # runs nothing: no prompts
+    assert len(rounds) == 3 and line == f"{path}: 3 stored rounds of 2 prompts"
+    assert tuning.calibrator_from(rounds).tested == 4 + 3 + 4  # accepted, plus the rejected one where k < K
+
+
+def test_a_result_line_names_where_a_shown_bench_was_measured(pair):
+    result = stored_bench(pair) | {"source": "data/x/bench.json", "elsewhere": "measured on another kind"}
+    line = style.result_line(result, pair, "Intel Xeon, AVX512")
+    assert line.startswith(f"Intel Xeon, AVX512 · target {pair.precisions.target}, draft {pair.precisions.draft}")
+    assert line.endswith("stored, not measured here")
+    assert style.result_line(result | {"elsewhere": None}, pair, "Intel").endswith("stored, on this kind of machine")
+    assert style.result_line(result | {"source": "measured here"}, pair, "Intel") == style.pair_line(pair)
 
 
 def test_a_bench_summarises_each_variant_from_its_own_rounds(pair):

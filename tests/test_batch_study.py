@@ -1,6 +1,8 @@
 """The batch-size study's tables (ssd.analysis.batch_study): a bench as the sweep's table of calls, intervals over
 calls, the crossover b*, break-even batch sizes and the auto backup against the fixed ones, on synthetic tables whose
-answers are known; and one real (tiny) bench through point_table."""
+answers are known; one real (tiny) bench through point_table; and a machine's stored study, from a synthetic bench of
+every b or a sweep table, priced at each b."""
+import json
 import math
 
 import pandas as pd
@@ -11,7 +13,9 @@ from ssd.bench.run import run_bench
 from ssd.core.decoding import DecodeConfig
 from ssd.models.tiny import tiny_pair
 from ssd.bench.prompts import load_prompts
-from ssd.core.theory import critical_batch_size
+from ssd.checks import parse_variant
+from ssd.core.latencies import Profile
+from ssd.core.theory import critical_batch_size, sd_from_profile, theorem7_from_profile
 
 JIT, FAST, AUTO = "ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"
 
@@ -166,3 +170,129 @@ def test_a_round_is_accounted_for_and_beside_the_round_its_prediction_prices():
     fused = batch_study.round_account(table.assign(prompts_in_verify=True, verify_s=9.0)).set_index("label")
     assert fused.loc[JIT, "check_ms"] == pytest.approx(100) and fused.loc[JIT, "round_ms"] == pytest.approx(1000)
     assert batch_study.round_account(table.drop(columns=batch_study.ROUND_COLUMNS, errors="ignore")).empty
+
+
+# ---- a stored study: a bench of every b as the sweep's table, and the machine whose study is shown ----------------
+
+CAP = {"cpu": "Some CPU", "isa": "AVX2", "flags": ["avx2"], "native": [], "cores": 2, "torch": "2"}
+
+
+def profile_at(b, step=100.0, precision="float32", measured="2026-01-01T00:00:00"):
+    """A profile timed over b rows whose passes cost b times more per extra token than at b = 1."""
+    return Profile(pair="tiny", precisions={"target": precision, "draft": "int8"}, capability=CAP,
+                   verifier_cores=[0], drafter_cores=[1], context=128,
+                   target_ms={n: step + 10.0 * b * (n - 1) for n in (1, 2, 5, 9)},
+                   draft_ms={n: 20.0 + b * n for n in (1, 2, 4, 8)}, bandwidth_gbs={"target": 1.0, "draft": 1.0},
+                   step_bytes={"target": 1, "draft": 1}, measured_at=measured,
+                   glue_ms={n: 25.0 * b for n in (1, 5, 9)}, batch_size=b)
+
+
+def bench_rows(method, b, n=4):
+    """`n` answers of a variant at batch size b, `n // b` calls, as ``run_bench`` keeps them."""
+    spec = method != "ar" and not method.startswith("ar:")
+    return [{"prompt_id": f"p{i}", "method": method, "batch_size": b, "call": i - i % b, "new_tokens": 8,
+             "wall_s": 2.0, "prefill_s": 0.5, "prefill_tokens": 1, "drafted": 8 if spec else 0,
+             "accepted": 6 if spec else 0, "rounds": 3 if spec else 8, "drafting_rounds": 2 if spec else 0,
+             "all_hit_rate": None, "mean_budget": None, "identical_to_target": True, "near_tie": None,
+             "margin_at_difference": None, "target_forwards": 3, "target_forward_s": 1.5,
+             "first_target_forward_s": 0.5, "outside_forwards_s": 0.1} for i in range(n)]
+
+
+def bench_result(sizes=(1, 2), profile=None):
+    """A bench of ar, sd and the pipeline with each backup at every b in `sizes`, as ``run_bench`` writes it."""
+    methods = [m if b == 1 else f"{m}:batch_size={b}" for b in sizes
+               for m in ("ar", "sd", "ssd-pipeline:backup=jit", "ssd-pipeline:backup=fast",
+                         "ssd-pipeline:backup=auto")]
+    summary = []
+    for m in methods:
+        b = parse_variant(m)[1].get("batch_size", 1)
+        s = {"method": m, "batch_size": b, "tokens_per_s": 4.0 * b, "decode_tokens_per_s": 5.0 * b,
+             "sequence_tokens_per_s": 4.0, "identical_to_target": True, "identical_share": 1.0,
+             "mean_accepted": None if m.startswith("ar") else 3.0}
+        if m.startswith("ssd"):
+            s |= {"p_hit": 0.8, "e_hit": 4.0, "e_miss": 3.0 if "jit" in m else 1.2, "all_hit": 0.8 ** b}
+        summary.append(s)
+    return {"args": {"pair": "tiny", "prompts": "humaneval:4", "k": 4, "budget": 4, "backup": "jit"},
+            "precision": {"target": "float32", "draft": "int8"}, "environment": {"capability": CAP},
+            "profile": (profile or profile_at(1)).to_dict(), "summary": summary,
+            "rows": [r for m in methods for r in bench_rows(m, parse_variant(m)[1].get("batch_size", 1))]}
+
+
+def test_a_bench_of_every_b_becomes_the_sweeps_table_priced_at_each_b():
+    result = bench_result(sizes=(1, 2, 4))
+    table = batch_study.bench_table(result, {2: profile_at(2, measured="b2"), 1: profile_at(1, step=999.0)})
+    assert table.groupby(["label", "batch_size"])["call"].nunique().unstack().to_dict("list") == {
+        1: [4] * 5, 2: [2] * 5, 4: [1] * 5}
+    assert set(table["prompts"]) == {"humaneval:4"} and set(table["precision"]) == {"target float32, draft int8"}
+    assert set(table["machine"]) == {"Some CPU (2 cores), AVX2, no native bfloat16 or float16"}
+    first = table.groupby(["label", "batch_size"]).first()
+    # each b priced with its own profile; the bench's own profile wins for its b (the 999 ms step is not read)
+    for b, profile in ((1, profile_at(1)), (2, profile_at(2))):
+        for label, e_miss, backup in ((JIT, 3.0, "jit"), (FAST, 1.2, "fast")):
+            priced = theorem7_from_profile(profile, 4, 4, 0.8, 4.0, e_miss, backup, 0.8 ** b)
+            row = first.loc[(label, b)]
+            assert row["run_profile_tokens_per_s"] == pytest.approx(priced["profile_tokens_per_s"])
+            assert row["run_decode_over_profile_prediction"] == pytest.approx(5.0 * b / priced["profile_tokens_per_s"])
+            assert row["run_profile_t_b"] == pytest.approx(priced["profile_t_b"])
+        sd = sd_from_profile(profile, 4, 4.0)["profile_speedup_vs_ar"]  # E: 3 accepted + 1
+        assert first.loc[("sd", b), "run_profile_tokens_per_s"] == pytest.approx(5.0 * b * sd)  # batched AR's x
+        assert first.loc[("sd", b), "profile_verify_ms"] == profile.target_at(5)
+    assert first.loc[(JIT, 2), "profile_measured_at"] == "b2"
+    # no prediction: the backup on auto (no one price), AR, and a b with no profile
+    assert first.loc[[AUTO, "ar"], "run_profile_tokens_per_s"].isna().all()
+    assert first.xs(4, level="batch_size")[["run_profile_tokens_per_s", "profile_step_ms"]].isna().all().all()
+    summary = batch_study.by_batch_size(table)
+    assert summary.set_index(["label", "batch_size"]).loc[(JIT, 2), "predicted"] == pytest.approx(
+        first.loc[(JIT, 2), "run_profile_tokens_per_s"])
+
+
+def test_a_bench_is_priced_only_by_profiles_that_time_what_it_ran(tmp_path):
+    for name, profile in (("b2.json", profile_at(2)), ("bf16_b4.json", profile_at(4, precision="bfloat16"))):
+        (tmp_path / name).write_text(json.dumps(profile.to_dict()))
+    (tmp_path / "bench.json").write_text(json.dumps({"summary": []}))  # not a profile: passed over
+    assert sorted(batch_study.batch_profiles(str(tmp_path), profile_at(1))) == [2]
+
+
+def keep(root, machine, files):
+    """A machine's folder under root holding `files` (name: text) and an empty profiles/."""
+    folder = root / machine
+    (folder / "profiles").mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_the_study_shown_is_the_nearest_machines_and_reads_either_kind_of_file(tmp_path):
+    result = bench_result()
+    avx2 = {"device": "cpu", "device_name": "Some CPU", "isa": "AVX2", "flags": ["avx2"]}
+    keep(tmp_path, "some-cpu-avx2", {f: json.dumps(result | {"environment": {"device": "cpu", "capability": CAP}})
+                                     for f in batch_study.STUDY_BENCHES})
+    other = CAP | {"cpu": "Other CPU", "isa": "AVX512", "flags": ["avx2", "avx512f"]}
+    sweep = batch_study.bench_table(result).assign(machine="other")
+    keep(tmp_path, "other-cpu-avx512", {"env.json": json.dumps({"environment": {"device": "cpu", "capability": other},
+                                                                "rows": []}),
+                                        batch_study.SWEEP_TABLE: sweep.to_csv(index=False)})
+    keep(tmp_path, "half-cpu-avx2", {"env.json": json.dumps({"environment": {"device": "cpu", "capability": CAP}}),
+                                     batch_study.STUDY_BENCHES[0]: json.dumps(result)})  # one prompt set: no study
+    root = str(tmp_path)
+    assert batch_study.study_machine(root, avx2) == "some-cpu-avx2"  # its own kind
+    assert batch_study.study_machine(root, avx2 | {"device_name": "New CPU"}) == "some-cpu-avx2"  # the most alike
+    assert batch_study.study_machine(root, avx2, "other-cpu-avx512") == "other-cpu-avx512"
+    with pytest.raises(ValueError, match="machine must be 'nearest' or a folder .* keeps a batch-size study"):
+        batch_study.study_machine(root, avx2, "half-cpu-avx2")
+    # the benches, one per prompt set, priced from the profiles beside them; the sweep's table as kept
+    (tmp_path / "some-cpu-avx2" / "profiles" / "b2.json").write_text(json.dumps(profile_at(2).to_dict()))
+    shown = batch_study.stored_study(root, "some-cpu-avx2")
+    assert len(shown) == 2 * len(batch_study.bench_table(result))
+    assert shown.loc[shown["batch_size"] == 2, "profile_step_ms"].notna().all()
+    assert batch_study.stored_study(root, "other-cpu-avx512")["machine"].eq("other").all()
+    with pytest.raises(ValueError, match="keeps no batch-size study"):
+        batch_study.stored_study(root, "half-cpu-avx2")
+
+
+def test_a_studys_precisions_are_read_from_its_table_and_must_be_one():
+    table = pd.DataFrame({"precision": ["target bfloat16, draft int8"] * 2})
+    assert batch_study.precisions(table) == ("bfloat16", "int8")
+    with pytest.raises(ValueError, match="must hold one 'target X, draft Y'"):
+        batch_study.precisions(pd.DataFrame({"precision": ["target bfloat16, draft int8",
+                                                           "target float32, draft int8"]}))

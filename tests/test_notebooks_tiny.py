@@ -37,32 +37,38 @@ def test_a_notebook_runs_on_the_tiny_pair(course, name):
     assert out.is_file()
 
 
-def test_notebook_07_shows_stored_benches_whose_auto_timings_differ_and_measures_nothing(course, tmp_path):
-    """A fresh machine times auto's candidate precisions anew: its stored benches must still be recognised (by the
-    pair, the precisions and the kind of machine), shown, and never re-measured at the notebook's defaults."""
+def test_notebook_07_shows_another_machines_benches_at_other_precisions_and_measures_nothing(course, tmp_path):
+    """Issue 49: on a machine whose kind and auto precision differ from the stored benches' (and which times auto's
+    candidate precisions anew), notebook 07 at its defaults shows the nearest stored machine's benches, says where and
+    at which precisions they were measured, draws every figure with that said under it, and re-measures nothing."""
     import json
     import re
 
     from ssd.models.loading import load_pair
 
-    precision = load_pair("tiny").precisions.as_dict() | {
-        "reason": "auto: timed on another day (float32 1013 ms, bfloat16 467 ms)",
+    tiny = load_pair("tiny").precisions
+    other = "bfloat16" if tiny.target != "bfloat16" else "float16"
+    precision = tiny.as_dict() | {
+        "target": other, "reason": "auto: timed on another day (float32 1013 ms, bfloat16 467 ms)",
         "measured_ms": {"target": {"float32": 1013.2, "bfloat16": 467.5}, "draft": {"int8": 91.6}}}
-    stored = {}
-    for method, name in (("sd", "autotune_sd_{set}"), ("ssd-pipeline", "autotune_pipeline_{set}"),
-                         ("ssd-pipeline auto", "autotune_pipeline_auto_{set}")):
-        for s in ("humaneval", "prose"):
-            source = ROOT / "data" / "intel-xeon-amx" / f"{name.format(set=s)}.json"
-            if source.exists():
-                result = json.loads(source.read_text())
-                result["args"]["pair"], result["precision"] = "tiny", precision
-                (tmp_path / source.name).write_text(json.dumps(result))
-        stored[method] = str(tmp_path / f"{name}.json")
-    out = tmp_path / "executed_07.ipynb"
+    folder = tmp_path / "data" / "intel-xeon-amx"  # the stored benches of the Intel Xeon with AMX, as the tiny pair's
+    folder.mkdir(parents=True)
+    for source in sorted((ROOT / "data" / "intel-xeon-amx").glob("autotune_*.json")):
+        result = json.loads(source.read_text())
+        result["args"]["pair"], result["precision"] = "tiny", precision
+        (folder / source.name).write_text(json.dumps(result))
+    out, figures = tmp_path / "executed_07.ipynb", tmp_path / "figures"
     execute_notebook(str(course / "notebooks" / "07_autotune.ipynb"), str(out),
-                     parameters={"pair_name": "tiny", "measure_missing": False, "stored": stored})
+                     parameters={"pair_name": "tiny", "measure_missing": False, "data_dir": str(tmp_path / "data"),
+                                 "figures_dir": str(figures)})
     printed = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
-    assert "measured here" not in printed and "not on tiny" not in printed
+    assert "measured here" not in printed.replace("not measured here", "") and "not on tiny" not in printed
     for s in ("humaneval", "prose"):
         for name in ("autotune_sd", "autotune_pipeline"):
-            assert re.search(re.escape(str(tmp_path / f"{name}_{s}.json")) + r" \d+ answers", printed), (name, s)
+            assert re.search(re.escape(str(folder / f"{name}_{s}.json")) + r" \d+ answers", printed), (name, s)
+    assert f"target {other}, draft {tiny.draft} · stored, not measured here" in printed  # where, at which precisions
+    assert f"at target {other}, draft {tiny.draft} (this pair here: {tiny.label})" in printed
+    assert "checked on the stored benches" in printed  # the claims held on the benches shown
+    assert "predicted for this machine" in printed  # no profile of the tiny pair kept there: this one's, said so
+    assert sorted(p.name for p in figures.glob("07_*.png")) == ["07_sd_k_code.png", "07_sd_k_prose.png",
+                                                               "07_ssd_surface_code.png", "07_ssd_surface_prose.png"]

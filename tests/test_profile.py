@@ -12,6 +12,7 @@ from ssd.analysis import experiments
 from ssd.bench import profile as prof
 from ssd.cli import main
 from ssd.models.loading import load_pair
+from ssd.bench.machines import commit
 from ssd.bench.profile import cached_profile, measure
 from ssd.core.latencies import Profile
 from ssd.models.timing import forward_ms
@@ -63,6 +64,7 @@ def test_profile_round_trips_through_json(pair, tmp_path):
     back = prof.load(tmp_path / "p.json")
     assert back.target_ms == p.target_ms and back.draft_ms == p.draft_ms and back.floor_ms("draft") == p.floor_ms("draft")
     assert back.glue_ms == p.glue_ms
+    assert back.commit == p.commit == commit() and back.commit_is == ""  # the commit that measured it
 
 
 def test_the_draft_rows_are_timed_as_the_tree_drafts_them(pair, monkeypatch):
@@ -126,6 +128,25 @@ def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
     back = prof.load(tmp_path / "old.json")
     assert back.glue_ms is None and back.glue_at(5) == back.draft_at(1)  # the glue priced as one step
     assert "glue" not in set(back.to_frame().role)
+
+
+def test_a_profile_records_its_commit_which_no_match_compares(pair, tmp_path):
+    """A profile names the commit that measured it; one stored before it did still loads, and a stored profile answers
+    for this pair here whatever commit measured it (only what decides its numbers counts)."""
+    from ssd.models.capability import capability
+
+    curve = lambda sizes: {n: float(n) for n in sizes}  # noqa: E731
+    here = Profile(pair.name, pair.precisions.as_dict(), capability(), [int(V)], [int(D)], prof.CONTEXT,
+                   curve(prof.TARGET_TOKENS), curve(prof.DRAFT_ROWS), {"target": 1.0, "draft": 1.0},
+                   {"target": 1, "draft": 1}, "2026-12-06T00:00:00", curve(prof.TARGET_TOKENS), commit=commit())
+    assert len(here.commit) == 7 and prof.answers_for(here, pair, V, D)
+    old = here.to_dict()
+    del old["commit"], old["commit_is"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    back = prof.load(tmp_path / "old.json")
+    assert back.commit == "" and prof.answers_for(back, pair, V, D)
+    stored = dataclasses.replace(here, commit="0000000", commit_is="the commit that stored it")
+    assert prof.answers_for(stored, pair, V, D)
 
 
 @pytest.mark.integration

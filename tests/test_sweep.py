@@ -157,6 +157,7 @@ def test_a_sweep_records_every_point_once_with_its_parameters(swept):
     assert set(frame.python) == {sys.executable}  # the kernel is this environment's python
     assert set(frame.omp) == {sweep.kernel_threads(1)}  # the kernel ran at the share it was given
     assert set(frame.slept) == {1e-5} and set(frame.sleep_s) == {1e-5}  # a float, not the string "1e-05"
+    assert list(frame.columns[-5:]) == ["machine", "device_name", "flags", "commit", "date"]  # no precision to say
     runs = directory / "runs" / "demo"
     assert sorted(os.listdir(runs)) == sorted([f"{i}.ipynb" for i in ids] + [f"{i}.csv" for i in ids])
 
@@ -177,8 +178,9 @@ def test_two_jobs_give_the_same_rows(swept, tmp_path):
     one, two = data(directory), data(tmp_path)
     assert set(two.omp) == {sweep.kernel_threads(2)}
     key = ["point_id", "row"]
-    pd.testing.assert_frame_equal(one.drop(columns="omp").sort_values(key).reset_index(drop=True),
-                                  two.drop(columns="omp").sort_values(key).reset_index(drop=True))
+    varies = ["omp", "date"]  # the threads each kernel was given, and when each point finished
+    pd.testing.assert_frame_equal(one.drop(columns=varies).sort_values(key).reset_index(drop=True),
+                                  two.drop(columns=varies).sort_values(key).reset_index(drop=True))
 
 
 @pytest.mark.integration
@@ -303,3 +305,49 @@ def test_with_parameters_fixes_more_and_refuses_a_varied_or_unknown_one(tmp_path
         grid.with_parameters(x=5)
     with pytest.raises(ValueError, match="parameter 'pair' is not in the parameters cell"):
         grid.with_parameters(pair="tiny")
+
+
+def test_each_row_records_the_machine_its_precision_the_commit_and_the_date(tmp_path):
+    from ssd.bench import machines
+    from ssd.models.capability import cpu_flags
+
+    notebook = make_notebook(tmp_path / "nb.ipynb", PARAMETERS + '\ntarget_dtype = "auto"\ndraft_dtype = "int8"\n'
+                                                                  'device = "cpu"')
+    assert sweep.notebook_defaults(notebook) == {"x": 1, "label": "a", "results_csv": "", "sleep_s": 0.0,
+                                                 "target_dtype": "auto", "draft_dtype": "int8", "device": "cpu"}
+    point = sweep.Point("p", {"x": 2, "draft_dtype": "float32"})
+    rows = sweep.with_provenance(pd.DataFrame({"y": [1, 2]}), notebook, point)
+    assert list(rows.columns) == ["y", *sweep.PROVENANCE]  # after the notebook's own columns
+    assert set(rows.machine) == {machines.this_machine()} and set(rows.commit) == {machines.commit()}
+    assert set(rows["flags"]) == {";".join(cpu_flags())} and rows.date[0].startswith("20")
+    # the rows do not say what auto chose: the precision as asked, the point's over the notebook's default
+    assert set(rows.target_dtype) == {"auto"} and set(rows.draft_dtype) == {"float32"}
+    # a precision label in the rows is what auto resolved to, row by row
+    labelled = pd.DataFrame({"precision": ["target bfloat16, draft int8", "target float32, draft float32"]})
+    rows = sweep.with_provenance(labelled, notebook, point)
+    assert list(rows.target_dtype) == ["bfloat16", "float32"] and list(rows.draft_dtype) == ["int8", "float32"]
+    # a column the notebook wrote under one of these names is kept as it wrote it
+    own = pd.DataFrame({"machine": ["AMD EPYC (2 cores), AVX2"], "target_dtype": ["bfloat16"]})
+    rows = sweep.with_provenance(own, notebook, point)
+    assert rows.machine[0] == "AMD EPYC (2 cores), AVX2" and rows.target_dtype[0] == "bfloat16"
+    assert list(rows.columns).count("machine") == 1
+
+
+def test_a_table_stored_before_the_provenance_columns_still_resumes(tmp_path, monkeypatch, capsys):
+    """Rows appended to a CSV written before each row recorded its machine, commit and date get those columns at the
+    end; the old rows keep theirs, blank in the new ones, and the points done stay done."""
+    data_csv = tmp_path / "demo.csv"
+    notebook = make_notebook(tmp_path / "nb.ipynb")
+    grid = sweep.load_grid(write_grid(tmp_path, grid={"x": [1, 2]}, parameters=None))
+    done, point = grid.points()
+    data_csv.write_text(f"point_id,x,row,y\n{done.point_id},1,0,10\n{done.point_id},1,1,11\n")
+    rows = sweep.with_provenance(pd.DataFrame({"row": [0], "y": [20]}), notebook, point)
+    sweep.append_point(str(data_csv), point, rows)
+    frame = pd.read_csv(data_csv, dtype=str, keep_default_na=False)
+    assert list(frame.columns) == ["point_id", "x", "row", "y", "machine", "device_name", "flags", "commit", "date"]
+    assert list(frame.point_id) == [done.point_id] * 2 + [point.point_id] and list(frame.y) == ["10", "11", "20"]
+    assert list(frame.commit[:2]) == ["", ""] and frame.commit[2] and frame.machine[2]
+    monkeypatch.setattr(sweep, "_Run", lambda *a: pytest.fail("a point ran though both are done"))
+    assert sweep.run_sweep(grid, data_dir=str(tmp_path), runs_dir=str(tmp_path / "runs")) == []
+    assert sweep.run_sweep(grid, data_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"), dry_run=True) == []
+    assert "0 of 2 points to run" in capsys.readouterr().out

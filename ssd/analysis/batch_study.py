@@ -7,17 +7,29 @@ measured rates, Theorem 7 and SD's speed-up fed by the profile timed at b). The 
 the answers of one call are not independent, so intervals are over calls (16 prompts: 16 calls at b = 1; two at
 b = 8 and one at b = 16, which get none: a t-interval needs ``stats.MIN_CI_N`` values).
 
+A machine's stored study (``stored_study``, data/<machine>/) is the sweep's table, or one bench per prompt set with
+every b a variant of it (``python -m ssd bench --methods M,M:batch_size=2,...``) turned into that table by
+``bench_table``; ``study_machine`` picks the machine whose study to show.
+
 The rest reads the kept table back: tokens/s per method and b with those intervals, predicted beside measured, the
 all-hit rate beside p_hit^b, the crossover b* of the two backups and SD's break-even batch size.
 """
 from __future__ import annotations
 
+import glob
+import json
+import os
+import re
+
 import pandas as pd
 
+from ..bench import machines
 from ..bench.summaries import summarize
-from ..checks import parse_variant
+from ..checks import is_auto, parse_variant
 from ..bench.stats import mean_ci
-from ..core.theory import critical_batch_size
+from ..core.latencies import Profile
+from ..core.theory import critical_batch_size, sd_from_profile, theorem7_from_profile
+from ..models.capability import capability_line, kind_of, kind_slug
 
 # Where a call's time went (ssd.bench.run: the call's, the same on each of its rows): the target's forwards in this
 # process (for the pipeline, the verifier's), the first of them (the prompts' pass) and the rest of the call
@@ -36,6 +48,14 @@ CALL_COLUMNS = ["method", "batch_size", "call", "answers", "new_tokens", "wall_s
                 "sequence_tokens_per_s", "decode_tokens_per_s", "identical_to_target", "identical_share",
                 "differences_at_near_ties",
                 *FORWARD_COLUMNS, *ROUND_COLUMNS]
+# What prices a method at b (``bench_table``): the run_ figures of a prediction and the profile timed at b
+PRICE_COLUMNS = ["run_profile_tokens_per_s", "run_profile_speedup_vs_ar", "run_profile_t_p", "run_profile_t_b",
+                 "run_decode_over_profile_prediction"]
+PROFILE_COLUMNS = ["profile_measured_at", "profile_step_ms", "profile_verify_ms"]
+# A machine's stored study in data/<machine>/: the sweep's table (sweeps/batches.yaml), else one bench per prompt set
+SWEEP_TABLE = "batches.csv"
+STUDY_BENCHES = ("batches_humaneval.json", "batches_prose.json")
+ROUNDS_TABLE = "batch_rounds.csv"  # the pipeline's rounds timed (sweeps/batch_rounds.yaml)
 
 
 def label(method: str) -> str:
@@ -61,6 +81,125 @@ def point_table(result: dict, prompts: str, **about) -> pd.DataFrame:
     table.insert(0, "prompts", prompts)
     table.insert(2, "label", table["method"].map(label))
     return table.assign(**about)
+
+
+def bench_table(result: dict, profiles: dict[int, Profile] | None = None) -> pd.DataFrame:
+    """A bench that ran the study's methods at every b side by side (variants M:batch_size=b, one prompt set) as the
+    sweep's table (``point_table``), each b priced with the profile timed at it: `profiles` ({b: profile}) and the
+    bench's own, which wins for its b (a bench read one profile, so its summary priced that b alone). A method at a
+    b with no profile, or with K, B or the backup on auto, gets no prediction."""
+    args, precision = result["args"], result["precision"]
+    own = Profile.from_dict(result["profile"]) if result.get("profile") else None
+    profiles = (profiles or {}) | ({own.batch_size: own} if own else {})
+    table = point_table(result, args["prompts"], pair=args["pair"],
+                        precision=f"target {precision['target']}, draft {precision['draft']}",
+                        machine=capability_line(result["environment"]["capability"]))
+    prices = pd.DataFrame([{"method": s["method"], **_prices(s, result["summary"], profiles, args)}
+                           for s in result["summary"]], columns=["method", *PRICE_COLUMNS])
+    timed = pd.DataFrame([{"batch_size": b, "profile_measured_at": p.measured_at, "profile_step_ms": p.target_at(1),
+                           "profile_verify_ms": p.target_at(args["k"] + 1)} for b, p in profiles.items()],
+                         columns=["batch_size", *PROFILE_COLUMNS])
+    table = table.drop(columns=PRICE_COLUMNS).merge(prices, on="method", how="left")
+    return table.merge(timed, on="batch_size", how="left")
+
+
+def _prices(s: dict, summary: list[dict], profiles: dict[int, Profile], args: dict) -> dict:
+    """One summary row's prediction at its b, as the bench prices it since 0cd5d6f (``ssd.bench.summaries``): SSD's
+    Theorem 7 on the profile's latencies and the run's own rates; SD's E / (c K + v) over batched AR's measured
+    decode rate at the same b (the profile's one-core ratios carry over to SD's two cores, its rates do not)."""
+    name, overrides = parse_variant(s["method"])
+    k, budget, backup = (overrides.get(f, args[f]) for f in ("k", "budget", "backup"))
+    profile = profiles.get(s["batch_size"])
+    if profile is None or not s.get("decode_tokens_per_s"):
+        return {}
+    if name in ("ssd", "ssd-pipeline") and s.get("p_hit") is not None and not any(map(is_auto, (k, budget, backup))):
+        price = theorem7_from_profile(profile, k, budget, s["p_hit"], s["e_hit"], s["e_miss"], backup, s["all_hit"])
+    elif name == "sd" and s.get("mean_accepted") and not is_auto(k):
+        ar = [r for r in summary if parse_variant(r["method"])[0] == "ar" and r["batch_size"] == s["batch_size"]]
+        if not ar or not ar[0].get("decode_tokens_per_s"):
+            return {}
+        price = sd_from_profile(profile, k, s["mean_accepted"] + 1)
+        price["profile_tokens_per_s"] = ar[0]["decode_tokens_per_s"] * price["profile_speedup_vs_ar"]
+    else:
+        return {}
+    price["decode_over_profile_prediction"] = s["decode_tokens_per_s"] / price["profile_tokens_per_s"]
+    return {c: price.get(c.removeprefix("run_")) for c in PRICE_COLUMNS}
+
+
+def batch_profiles(folder: str, like: Profile) -> dict[int, Profile]:
+    """The profiles among a folder's JSON files (data/<machine>/profiles) that time what `like` times (the pair at
+    its precisions, the kind of machine, the cores and the context) at any batch size, by their batch size."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        if not isinstance(record, dict) or "target_ms" not in record:
+            continue  # not a profile
+        profile = Profile.from_dict(record)
+        if _timing(profile) == _timing(like):
+            found[profile.batch_size] = profile
+    return found
+
+
+def _timing(profile: Profile) -> tuple:
+    """What decides a profile's numbers, its batch size aside."""
+    return (profile.pair, profile.precisions.get("target"), profile.precisions.get("draft"),
+            kind_of({"device": "cpu", "capability": profile.capability}), list(profile.verifier_cores),
+            list(profile.drafter_cores), profile.context)
+
+
+def study_files(root: str, machine: str) -> list[str]:
+    """The files of a machine's stored study under `root`: its sweep table where it keeps one, else its bench of
+    each prompt set (both, or none)."""
+    folder = os.path.join(root, machine)
+    if os.path.isfile(os.path.join(folder, SWEEP_TABLE)):
+        return [os.path.join(folder, SWEEP_TABLE)]
+    benches = [os.path.join(folder, name) for name in STUDY_BENCHES]
+    return benches if all(os.path.isfile(p) for p in benches) else []
+
+
+def study_machine(root: str, kind: dict, machine: str = "nearest") -> str:
+    """The machine whose stored study to show: `machine`, a folder under `root` that keeps one, or with 'nearest' the
+    one nearest `kind` (``ssd.bench.machines.nearest``'s order: itself, then the most alike) among those that do."""
+    keeping = [m for m in machines.stored_machines(root) if study_files(root, m)]
+    if machine != "nearest":
+        if machine not in keeping:
+            raise ValueError(f"machine must be 'nearest' or a folder of {root} that keeps a batch-size study "
+                             f"({', '.join(keeping) or 'none does'}); got {machine!r}")
+        return machine
+    if not keeping:
+        raise ValueError(f"no machine under {root} keeps a batch-size study ({SWEEP_TABLE}, or "
+                         f"{' and '.join(STUDY_BENCHES)})")
+    return max(keeping, key=lambda m: (m == kind_slug(kind), machines.similarity(kind, machines.kind_in(root, m))))
+
+
+def stored_study(root: str, machine: str) -> pd.DataFrame:
+    """A machine's stored study in the sweep table's columns: its sweep table as kept, or its benches through
+    ``bench_table``, each b priced with the profile kept for it (data/<machine>/profiles)."""
+    files = study_files(root, machine)
+    if not files:
+        raise ValueError(f"machine {machine!r}: {os.path.join(root, machine)} keeps no batch-size study "
+                         f"({SWEEP_TABLE}, or {' and '.join(STUDY_BENCHES)})")
+    if files[0].endswith(".csv"):
+        return pd.read_csv(files[0])
+    tables = []
+    for path in files:
+        with open(path) as f:
+            result = json.load(f)
+        kept = result.get("profile")
+        profiles = batch_profiles(os.path.join(root, machine, "profiles"), Profile.from_dict(kept)) if kept else {}
+        tables.append(bench_table(result, profiles))
+    return pd.concat(tables, ignore_index=True)
+
+
+def precisions(table: pd.DataFrame) -> tuple[str, str]:
+    """The target's and the draft's precision of a study (its precision column, 'target bfloat16, draft int8'), for
+    a figure's setting line; a study at several precisions has no one line."""
+    labels = sorted(table["precision"].astype(str).unique())
+    found = re.fullmatch(r"target (\S+), draft (\S+)", labels[0]) if len(labels) == 1 else None
+    if found is None:
+        raise ValueError(f"the study's precision column must hold one 'target X, draft Y'; it holds {labels}")
+    return found[1], found[2]
 
 
 def call_rounds(rows: pd.DataFrame, spans: list[dict] | None) -> pd.DataFrame:

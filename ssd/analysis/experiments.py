@@ -3,6 +3,7 @@ latency profiles at several precisions."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pandas as pd
 import torch
@@ -21,6 +22,19 @@ def ssd_rounds(pair, prompts, config: SSDConfig, seed: int = 0, progress: bool =
                autotune: Autotune | None = None) -> pd.DataFrame:
     """Run SSD on every prompt; one row per round, with prompt_id. Prompt i uses seed + i."""
     return decode(pair, prompts, "ssd", config, seed, progress, autotune)[1]
+
+
+def rounds_to_learn_from(path: str, pair, prompts, config: SSDConfig, progress: bool = True
+                         ) -> tuple[pd.DataFrame, str]:
+    """The SSD rounds a tuner's estimates (``ssd.core.tuning.calibrator_from``) are learnt from, and one line saying
+    where they came from: those stored at `path` (the rounds CSV ``python -m ssd hit-rates`` wrote on the machine
+    whose benches a notebook shows) where it exists, at no cost; else `config` run here on `prompts` (pass path "" to
+    run here)."""
+    if path and os.path.exists(path):
+        rounds = pd.read_csv(path)
+        return rounds, f"{path}: {len(rounds)} stored rounds of {rounds['prompt_id'].nunique()} prompts"
+    rounds = ssd_rounds(pair, prompts, config, progress=progress)
+    return rounds, f"a short SSD run here: {len(rounds)} rounds of {len(prompts)} prompts"
 
 
 def hit_rate_curves(rounds: pd.DataFrame, budgets, k: int, strategies, a_p: float = 0.6, r: float = 0.5) -> pd.DataFrame:

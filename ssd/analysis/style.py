@@ -186,6 +186,18 @@ def pair_line(pair) -> str:
     return setting_line(machine, pair.precisions.target, pair.precisions.draft)
 
 
+def result_line(result: dict, pair, machine: str) -> str:
+    """``setting_line`` for a bench result a notebook shows (``ssd.bench.records.stored_or_run``): ``pair_line`` where
+    this process measured it; else the stored machine (`machine`, its words: ``ssd.bench.machines.describe``) at the
+    precisions the bench ran at, saying where it was not measured on this kind of machine."""
+    if result["source"] == "measured here":
+        return pair_line(pair)
+    precision = result["precision"]
+    line = setting_line(machine, precision["target"], precision["draft"])
+    where = "not measured here" if result["elsewhere"] else "on this kind of machine"
+    return f"{line} · stored, {where}"
+
+
 def caption(fig, line: str):
     """Write `line` (``setting_line``: the machine and the precisions) in small grey type under the figure, so the
     saved PNG says where its numbers came from wherever it is shown; returns the figure."""

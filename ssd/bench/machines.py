@@ -122,3 +122,17 @@ def describe(root: str, machine: str) -> str:
 
     kind = kind_in(root, machine)
     return kind_line(kind) if kind else machine
+
+
+def stamp(frame, pair):
+    """A table's rows with what measured them, where they do not say it already: the machine's folder, the device's
+    name, the CPU's recorded flags, each model's precision, the kit's commit and the date (a CSV stands alone)."""
+    from ..models.capability import cpu_flags, device_name
+
+    device = pair.target.device
+    record = provenance(device)
+    columns = {"machine": record["machine"], "device_name": device_name(device), "flags": ";".join(cpu_flags()),
+               "target_dtype": pair.precisions.target, "draft_dtype": pair.precisions.draft,
+               "commit": record["commit"], "date": record["date"]}
+    return frame.assign(**{name: value for name, value in columns.items() if name not in frame})
+

@@ -48,6 +48,7 @@ from ..models.auto_precision import RULE
 from ..models.capability import capability, kind_of, machine_kind
 from ..models.precision import weight_bytes
 from ..core.theory import expected_tokens, sd_from_profile
+from .machines import commit
 
 # K + 1 for K = 0..8, every draft length the tuner weighs (here a pass over 4 tokens cost what one over 5 did, 6%
 # above the line between 3 and 5), and for K = 16
@@ -162,7 +163,7 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
     bar.close()
     return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, target, tree,
                    bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
-                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size)
+                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size, commit=commit())
 
 
 def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
@@ -208,7 +209,8 @@ def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", c
                 tokens=TARGET_TOKENS, rows=DRAFT_ROWS, batch_size: int = 1) -> bool:
     """Whether a stored profile stands for one measured here now: the same pair at the same precisions, this kind of
     machine (``ssd.models.capability.machine_kind``) and torch, the same cores, context and sizes, and every curve of
-    this version. Its timings and date do not count: they never repeat, even on the machine that measured it."""
+    this version. Its timings, date and commit do not count: they never repeat, even on the machine that measured it,
+    and a curve measured at another commit still prices this one's passes."""
     return (profile.pair == pair.name and profile.precisions.get("target") == pair.precisions.target
             and profile.precisions.get("draft") == pair.precisions.draft
             and _kind(profile) == machine_kind(pair.target.device)

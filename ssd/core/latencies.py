@@ -29,6 +29,11 @@ class Profile:
     measured_at: str = ""
     glue_ms: dict[int, float] | None = None  # the draft's glue step over n new tokens; None: stored before v2
     batch_size: int = 1  # b: every curve timed over b rows at once (target: b x n tokens; draft: b x n rows)
+    # The kit's commit that measured it (ssd.bench.machines.commit): which code a curve's timings belong to. "" in a
+    # profile measured before it was recorded; a stored one backfilled from data/index.csv has the commit that stored
+    # it, and commit_is says so ("": the commit that measured it).
+    commit: str = ""
+    commit_is: str = ""
 
     def __post_init__(self):
         # JSON keys come back as strings

@@ -8,7 +8,10 @@ Protocol with the notebook: its `parameters` cell must define `results_csv`. The
 `<runs-dir>/<name>/<point_id>.csv` (an absolute path); the notebook's last step writes its tidy result frame there,
 atomically (ssd.files.write_csv), at least one row. The sweep then adds a `point_id` column and one column per
 parameter (a column the notebook already wrote under a parameter's name is kept as the notebook wrote it) and
-appends the rows to `<data-dir>/<name>.csv`. All values travel as the text the notebook wrote. A notebook whose
+appends the rows to `<data-dir>/<name>.csv`. All values travel as the text the notebook wrote. Each row also records
+where and how it was measured (``PROVENANCE``, ``with_provenance``): the machine's kind (its folder in data/), the
+device's name, the CPU's recorded flags, each model's precision as the notebook resolved it, the kit's commit and the
+date; a column the notebook wrote under one of those names is kept. A notebook whose
 parameters cell also defines `figures_dir` gets `<runs-dir>/<name>/<point_id>_figures/`, so that the points' figures
 sit beside their notebooks instead of overwriting the notebook's default figures (those docs/findings.md shows) in
 `figures/`.
@@ -47,6 +50,9 @@ from ..files import write_csv
 
 KEYS = ("name", "notebook", "parameters", "grid")
 SET_BY_SWEEP = ("results_csv", "figures_dir", "point_id")  # set for each point, never by a grid file
+# What every row records beside its numbers (data/README.md): a result is only as good as the machine it names.
+PROVENANCE = ("machine", "device_name", "flags", "target_dtype", "draft_dtype", "commit", "date")
+PRECISION_LABEL = re.compile(r"target (\S+), draft (\S+)")  # ssd.models.auto_precision.Precisions.label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,14 +146,31 @@ def notebook_parameters(notebook: str) -> list[str]:
     import papermill  # a second or so to import; only the sweep needs it
 
     names = list(papermill.inspect_notebook(notebook))
-    cells = [c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
-    try:
-        body = ast.parse(cells[0].source).body if cells else []
-    except SyntaxError:  # IPython magics, say: papermill's list is all there is
-        return names
+    body = _parameters_cell(notebook)
     targets = [t for node in body if isinstance(node, ast.Assign) for t in node.targets]
     targets += [node.target for node in body if isinstance(node, ast.AnnAssign)]
     return names + list(dict.fromkeys(t.id for t in targets if isinstance(t, ast.Name) and t.id not in names))
+
+
+def _parameters_cell(notebook: str) -> list[ast.stmt]:
+    """The statements of the notebook's cell tagged 'parameters' (none where it has none or it is not plain Python:
+    IPython magics, say)."""
+    cells = [c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    try:
+        return ast.parse(cells[0].source).body if cells else []
+    except SyntaxError:
+        return []
+
+
+def notebook_defaults(notebook: str) -> dict:
+    """The values the notebook's parameters cell gives its parameters, where each is a literal: what a point that
+    does not set one runs at."""
+    values = {}
+    for node in _parameters_cell(notebook):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            with contextlib.suppress(ValueError, SyntaxError):
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
 
 
 def check_kernel() -> None:
@@ -189,6 +212,31 @@ def _text(value) -> str:
     return "" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
 
 
+def with_provenance(rows: pd.DataFrame, notebook: str, point: Point) -> pd.DataFrame:
+    """The point's rows with the columns of ``PROVENANCE`` the notebook did not write, after its own: the kind of the
+    machine (``ssd.bench.machines.this_machine`` of the point's device), the device's name, this CPU's recorded flags
+    (';'-joined), the kit's commit, the date, and each model's precision. A precision is as the notebook resolved it
+    where its rows say (`target_dtype`, or a `precision` label "target bfloat16, draft int8"); else as the point asked
+    (from its parameters or the notebook's defaults: "auto" where the rows do not say what auto chose)."""
+    # torch comes with these: imported once a point is done, never for a dry run
+    from ..bench.machines import provenance
+    from ..models.capability import cpu_flags, device_name
+    from ..models.devices import resolve_device
+
+    asked = notebook_defaults(notebook) | point.parameters
+    device = resolve_device(asked.get("device", "cpu"))
+    record = provenance(device)
+    columns = {"machine": record["machine"], "device_name": device_name(device), "flags": ";".join(cpu_flags()),
+               "commit": record["commit"], "date": record["date"]}
+    for i, role in enumerate(("target", "draft"), start=1):
+        if "precision" in rows:
+            columns[f"{role}_dtype"] = rows["precision"].map(
+                lambda label, i=i: m.group(i) if (m := PRECISION_LABEL.fullmatch(str(label))) else "")
+        elif f"{role}_dtype" in asked:
+            columns[f"{role}_dtype"] = _text(asked[f"{role}_dtype"])
+    return rows.assign(**{name: columns[name] for name in PROVENANCE if name in columns and name not in rows})
+
+
 def append_point(data_csv: str, point: Point, rows: pd.DataFrame) -> None:
     """Add the point's id and parameters to its rows and append them to data_csv in one atomic rename."""
     extra = {"point_id": point.point_id} | {k: _text(v) for k, v in point.parameters.items() if k not in rows}
@@ -201,7 +249,7 @@ class _Run:
     """One point's files in the runs folder and its papermill subprocess."""
 
     def __init__(self, grid: Grid, point: Point, run_dir: str, env: dict, figures: bool):
-        self.point, stem = point, os.path.join(run_dir, point.point_id)
+        self.point, self.notebook, stem = point, grid.notebook, os.path.join(run_dir, point.point_id)
         self.csv, self.log = f"{stem}.csv", f"{stem}.log"
         self.running, self.done, self.failed = f"{stem}.running.ipynb", f"{stem}.ipynb", f"{stem}.failed.ipynb"
         for stale in (self.csv, self.failed):  # so a notebook that forgets to write results_csv cannot pass
@@ -232,7 +280,7 @@ class _Run:
                 os.replace(self.running, self.failed)
             return f"{e} (notebook {self.failed}, log {self.log})"
         os.replace(self.running, self.done)  # before the append, so a point in data_csv always has its notebook
-        append_point(data_csv, self.point, rows)
+        append_point(data_csv, self.point, with_provenance(rows, self.notebook, self.point))
         os.unlink(self.log)
         return None
 
