@@ -214,6 +214,9 @@ def check_report(args) -> None:
     if args.from_dir is not None and not os.path.isdir(args.from_dir):
         raise ValueError(f"--from must be a folder of one machine's bench JSONs, got {args.from_dir!r} (no such "
                          "folder)")
+    if args.from_dir is not None and not any(name.endswith((".json", ".csv")) for name in os.listdir(args.from_dir)):
+        raise ValueError(f"--from must be a folder of one machine's bench JSONs (python -m ssd bench --json), got "
+                         f"{args.from_dir!r} with none")
 
 
 def check_hit_rates(args) -> None:

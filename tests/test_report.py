@@ -134,3 +134,37 @@ def test_a_users_page_sits_beside_the_nearest_stored_machine(tmp_path):
     assert "## this machine: amd-epyc-avx512-bf16" in text and "Samples: 3 to 3 prompts a figure" in text
     assert "## the nearest stored machine: amd-epyc-avx512-bf16" in text and "(the stored page's: 16 to 16)" in text
     assert (tmp_path / "report.png").exists()
+
+
+def test_an_empty_folder_fails_in_one_line_naming_from(tmp_path, capsys):
+    from ssd.cli import main
+
+    assert main(["report", "--from", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --from must be a folder of one machine's bench JSONs")
+
+
+@pytest.mark.integration
+def test_measure_runs_the_headline_benches_and_renders_the_page(tmp_path, monkeypatch):
+    """--measure's wiring on the tiny pair: each bench of names.REPORT_BENCHES as a process, into
+    runs/report/<machine>/, then the page beside the nearest stored machine's; a rerun keeps what is written. On 3
+    prompts a bench rather than the 26 of the real plan: the wiring, not the sizes (which take ~12 minutes even on
+    the tiny pair, the pipeline's drafter and transformers' generate being per-prompt costs)."""
+    from ssd import commands, names
+    from ssd.bench.machines import this_machine
+    from ssd.cli import main
+
+    plan = {"humaneval": ("humaneval:3", "calibrated", names.REPORT_METHODS),
+            "humaneval_uniform": ("humaneval:3", "uniform", "ssd-pipeline")}
+    monkeypatch.setattr(commands, "REPORT_BENCHES", plan)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(KIT_ROOT))  # the benches' processes import this checkout's kit
+    assert main(["report", "--measure", "--pair", "tiny", "--out", "page.md"]) == 0
+    folder = tmp_path / names.REPORT_DIR / this_machine()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"headline_{n}.json" for n in plan)
+    text = (tmp_path / "page.md").read_text()
+    assert f"## this machine: {this_machine()}" in text and "| SD over AR | HumanEval | not measured" not in text
+    assert "| hit rate at B = 4, uniform fan-out | HumanEval | not measured" not in text
+    assert (tmp_path / "page.png").exists()
+    written = {p.name: p.stat().st_mtime for p in folder.iterdir()}
+    assert main(["report", "--measure", "--pair", "tiny", "--out", "page.md"]) == 0
+    assert {p.name: p.stat().st_mtime for p in folder.iterdir()} == written

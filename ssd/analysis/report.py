@@ -107,7 +107,8 @@ def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple) -> 
         return Figure(key, what, prompts)
     _, s, (a, b, pairs) = best
     ci = mean_ci(pairs.assign(all=0), "all", "speedup").iloc[0]
-    return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts", a, "x")
+    setting = f"; {_pipeline_setting(s)}" if a.startswith("ssd") else ""
+    return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts{setting}", a, "x")
 
 
 def peer(sources, prompts, precision, key, what, method: str, transformers: str) -> Figure:
@@ -194,27 +195,44 @@ def batch_figures(sources, prompts, precision) -> list[Figure]:
     total tokens/s, the crossover b* of the two backups, the backup on auto over the better fixed one."""
     tables = [(s, by_batch_size(s.frame[s.frame["prompts"] == prompts])) for s in sources
               if s.kind == CALLS and s.precision == precision and (s.frame["prompts"] == prompts).any()]
-    pipeline = next((p for p in PIPELINES if any(p in set(t["label"]) for _, t in tables)), PIPELINES[0])
-    return [_batch(tables, prompts, "b/sd", "SD's break-even b against batched AR", {"sd", "ar"},
+    return [_batch(tables, prompts, "b/sd", "SD's break-even b against batched AR", lambda t: {"sd", "ar"},
                    lambda t: _break_even(t, "sd")),
-            _batch(tables, prompts, "b/pipeline", "the pipeline's break-even b against batched AR", {pipeline, "ar"},
-                   lambda t: _break_even(t, pipeline)),
+            _batch(tables, prompts, "b/pipeline", "the pipeline's break-even b against batched AR",
+                   lambda t: {_pipeline(t), "ar"}, lambda t: _break_even(t, _pipeline(t))),
             _batch(tables, prompts, "b/star", "the backups' crossover b* (fast reaches jit)",
-                   {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
+                   lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
             _batch(tables, prompts, "b/auto", "the backup on auto over the better fixed one (decode)",
-                   {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
+                   lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
 
 
-def _batch(tables, prompts, key, what, needs: set, value) -> Figure:
+def _pipeline(t: pd.DataFrame) -> str | None:
+    """The pipeline as the command line runs it, in this table: by its plain name, else with its backup on auto
+    (the name a study that also ran the fixed backups gave it); None where neither ran."""
+    return next((p for p in PIPELINES if p in set(t["label"])), None)
+
+
+def _batch(tables, prompts, key, what, needs, value) -> Figure:
+    """The batch figure `value(table)` from the table, among those holding the methods `needs(table)` at two batch
+    sizes or more, that ran the most batch sizes (``pick``)."""
     candidates = [((t["batch_size"].nunique(), len(t)), s, t) for s, t in tables
-                  if needs <= set(t["label"]) and t["batch_size"].nunique() > 1]
+                  if needs(t) <= set(t["label"]) and t["batch_size"].nunique() > 1]
     best = pick(candidates)
     if best is None:
         return Figure(key, what, prompts)
     _, s, t = best
     sizes = sorted(t["batch_size"].unique())
     # a batch size has no interval, and the batch study ran each b once: these cells carry none (the page says so)
-    return Figure(key, what, prompts, value(t), "", f"b = {', '.join(map(str, sizes))}", s.name)
+    sample = f"b = {', '.join(map(str, sizes))}" + ("" if key == "b/sd" else f"; {_pipeline_setting(s)}")
+    return Figure(key, what, prompts, value(t), "", sample, s.name)
+
+
+def _pipeline_setting(s: Source) -> str:
+    """The pipeline's B and fan-out in a source, which its speed depends on (the studies ran B 4 calibrated, the
+    command line's default is B 16 uniform)."""
+    budget, fan_out = s.settings.get("budget"), s.settings.get("fan_out")
+    if budget is None and not fan_out:
+        return "B, fan-out not recorded"
+    return f"B {budget if budget is not None else 'not recorded'}, {fan_out or 'not recorded'} fan-out"
 
 
 def _break_even(t: pd.DataFrame, method: str) -> str:
