@@ -1,4 +1,5 @@
-"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check | report."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check |
+report."""
 from __future__ import annotations
 
 import argparse
