@@ -131,7 +131,7 @@ def test_a_users_page_sits_beside_the_nearest_stored_machine(tmp_path):
     bench(tmp_path / "mine", "a.json", {"ar": [1.0] * 3, "sd": [2.0] * 3})
     out = report_files.beside(str(tmp_path / "mine"), DATA, str(tmp_path / "report.md"))
     text = open(out).read()
-    assert "## this machine: amd-epyc-avx512-bf16" in text and "Samples: 3 to 3 prompts a figure" in text
+    assert "## your results: amd-epyc-avx512-bf16" in text and "Samples: 3 to 3 prompts a figure" in text
     assert "## the nearest stored machine: amd-epyc-avx512-bf16" in text and "(the stored page's: 16 to 16)" in text
     assert (tmp_path / "report.png").exists()
 
@@ -162,8 +162,8 @@ def test_measure_runs_the_headline_benches_and_renders_the_page(tmp_path, monkey
     folder = tmp_path / names.REPORT_DIR / this_machine()
     assert sorted(p.name for p in folder.iterdir()) == sorted(f"headline_{n}.json" for n in plan)
     text = (tmp_path / "page.md").read_text()
-    mine, theirs = text.split("## the nearest stored machine:")  # this machine's page first
-    assert f"## this machine: {this_machine()}" in mine and "| SD over AR | HumanEval | not measured" not in mine
+    mine, theirs = text.split("## the nearest stored machine:")  # the measured page first
+    assert f"## your results: {this_machine()}" in mine and "| SD over AR | HumanEval | not measured" not in mine
     uniform = next(line for line in mine.splitlines() if line.startswith("| hit rate at B = 4, uniform"))
     assert uniform.endswith("| `headline_humaneval_uniform.json` |")  # the pipeline's own bench at uniform fan-out
     assert (tmp_path / "page.png").exists()

@@ -109,7 +109,7 @@ def beside(folder: str, root: str, out: str) -> str:
     each with its figure beside it; returns `out`."""
     parent, name = os.path.split(os.path.normpath(folder))
     kind = kind_in(parent, name)
-    mine = page(folder, f"this machine: {kind_slug(kind) if kind else name}", describe(parent, name))
+    mine = page(folder, f"your results: {kind_slug(kind) if kind else name}", describe(parent, name))
     stored = nearest(kind, root) if kind else None
     theirs = (page(os.path.join(root, stored), f"the nearest stored machine: {stored}", describe(root, stored))
               if stored else None)
