@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures bench sweep lab test test-fast gpu-check clean
+.PHONY: install run figures bench sweep lab test test-fast gpu-check report clean
 
 install: $(STAMP)
 
@@ -79,6 +79,12 @@ test-fast: $(STAMP)
 # without a GPU it stops at once. Where make install cannot reach PyPI: docs/gpus.md, "run without make install".
 gpu-check: $(STAMP)
 	$(BIN)/python -m ssd gpu-check
+
+# One page per machine from the results in data/: docs/results.md, docs/results/<machine>.png and README.md's results
+# table, regenerated (measures nothing; seconds). Your own machine's page beside the nearest stored one: `python -m
+# ssd report --from DIR` (results you have) or `--measure` (about 20 minutes on 2 cores).
+report: $(STAMP)
+	$(BIN)/python -m ssd report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

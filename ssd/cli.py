@@ -1,4 +1,5 @@
-"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check |
+report."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import sys
 
 from . import checks
 from .names import (AUTO, BACKUPS, DEFAULT_PAIR, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
-                    PRECISION_CHOICES, STRATEGIES)
+                    PRECISION_CHOICES, REPORT_DIR, REPORT_OUT, REPORT_SIZES, STRATEGIES)
 
 # Only the names and checks above load with the parser: --help and every argument error answer before torch does.
 # The commands (ssd.commands) import the kit when one runs.
@@ -144,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
                    " the GPU's folder, e.g. data/nvidia-h200/gpu_check.json)")
     g.add_argument("--budget-s", type=float, default=GPU_CHECK_BUDGET_S, help="the whole check's time limit in "
                    f"seconds (default {GPU_CHECK_BUDGET_S:.0f}); a step that would not fit is skipped and said")
+
+    r = sub.add_parser("report", help="one page per machine from data/: with no option, regenerate docs/results.md, "
+                       "docs/results/*.png and README.md's results table; --from or --measure: your page beside the "
+                       "nearest stored machine's")
+    r.add_argument("--from", dest="from_dir", metavar="DIR", default=None, help="a folder of one machine's bench "
+                   "JSONs (e.g. runs/course/results/<machine>): render its page beside the nearest stored machine's")
+    r.add_argument("--measure", action="store_true", help="measure the headline table on this machine (about 20 "
+                   f"minutes on 2 cores: {REPORT_SIZES}; resumable) into {REPORT_DIR}/<machine>/, then render it as "
+                   "--from does")
+    r.add_argument("--out", metavar="FILE", default=None, help="with --from or --measure: the page (default "
+                   f"{REPORT_OUT}; its figures beside it)")
+    r.add_argument("--pair", default=DEFAULT_PAIR, help=f"with --measure: the pair (default {DEFAULT_PAIR}; tiny for "
+                   "a quick check of the wiring)")
     return parser
 
 
@@ -192,6 +206,22 @@ def check_arguments(args) -> None:
     elif args.command == "profile":
         checks.check_at_least(args.reps, "reps")
         checks.check_at_least(args.batch_size, "batch_size")
+    elif args.command == "report":
+        check_report(args)
+
+
+def check_report(args) -> None:
+    """report: --from and --measure exclude each other; --out names their page; --from names an existing folder."""
+    if args.from_dir is not None and args.measure:
+        raise ValueError("--from and --measure exclude each other: --from renders results already measured")
+    if args.out is not None and args.from_dir is None and not args.measure:
+        raise ValueError("--out is the page of --from or --measure; with neither, report regenerates docs/results.md")
+    if args.from_dir is not None and not os.path.isdir(args.from_dir):
+        raise ValueError(f"--from must be a folder of one machine's bench JSONs, got {args.from_dir!r} (no such "
+                         "folder)")
+    if args.from_dir is not None and not any(name.endswith((".json", ".csv")) for name in os.listdir(args.from_dir)):
+        raise ValueError(f"--from must be a folder of one machine's bench JSONs (python -m ssd bench --json), got "
+                         f"{args.from_dir!r} with none")
 
 
 def check_hit_rates(args) -> None:

@@ -24,7 +24,7 @@ from .models.devices import drafter_device, resolve_device
 from .models.kernels import library_line
 from .models.loading import PAIRS, load_pair
 from .models.shapes import random_pair
-from .names import DEFAULT_PAIR
+from .names import DEFAULT_PAIR, REPORT_BENCHES, REPORT_DIR, REPORT_OUT
 from .pipeline.launch import PipelineConfig
 from .pipeline.transport import env_rank
 
@@ -258,3 +258,42 @@ def cmd_models(args) -> None:
 def cmd_gpu_check(args) -> int:
     return gpu_check.run(args.json, budget_s=args.budget_s)
 
+
+
+def cmd_report(args) -> int:
+    """Regenerate the stored machines' pages (docs/results.md, docs/results/*.png, README.md's block); with --from a
+    folder's page beside the nearest stored machine's; with --measure this machine's, measured first."""
+    from .analysis import report_files
+    from .bench.machines import DATA
+    from .files import KIT_ROOT
+
+    if args.from_dir is None and not args.measure:
+        for path in report_files.regenerate(DATA, str(KIT_ROOT / "docs"), str(KIT_ROOT / "README.md")):
+            print(f"wrote {path}")
+        return 0
+    folder = args.from_dir if args.from_dir is not None else measure_headline(args.pair)
+    print(f"wrote {report_files.beside(folder, DATA, args.out or REPORT_OUT)}")
+    return 0
+
+
+def measure_headline(pair: str) -> str:
+    """The headline table's benches on this machine (names.REPORT_BENCHES), each a `python -m ssd bench` of its own
+    with its progress bar, into REPORT_DIR/<machine>/headline_<name>.json; a bench already written is kept, and one
+    cut short resumes from its .partial file. Returns the folder. A process per bench: each loads the pair afresh, as
+    the stored benches did, and a failure stops with the bench's own message."""
+    import subprocess
+
+    from .bench.machines import this_machine
+
+    folder = os.path.join(REPORT_DIR, this_machine())
+    for name, (prompts, fan_out, methods) in REPORT_BENCHES.items():
+        path = os.path.join(folder, f"headline_{name}.json")
+        if os.path.exists(path):
+            print(f"kept {path}", file=sys.stderr)
+            continue
+        command = [sys.executable, "-m", "ssd", "bench", "--pair", pair, "--methods", methods, "--prompts", prompts,
+                   "--max-new-tokens", "48", "--temperature", "0", "-k", "4", "--budget", "4", "--fan-out", fan_out,
+                   "--json", path]
+        if subprocess.run(command).returncode != 0:
+            raise ValueError(f"pair {pair!r}: the bench for {path} failed (its message is above); a rerun resumes")
+    return folder

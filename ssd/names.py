@@ -13,3 +13,15 @@ BACKUPS = ("jit", "fast", "auto")  # auto: the one predicted faster at the batch
 AUTO = "auto"  # the value of k or budget that asks for the choice (ssd.core.tuning)
 GPU_CHECK_OUT = "data/{machine}/gpu_check.json"  # {machine}: the GPU's folder (ssd.bench.machines)
 GPU_CHECK_BUDGET_S = 480.0  # make gpu-check: the whole check, tests and benches together
+REPORT_OUT = "runs/report.md"  # python -m ssd report --from / --measure: the user's page (its figures beside it)
+REPORT_DIR = "runs/report"  # --measure's bench JSONs, in a folder per kind of machine
+# --measure: the headline table in about 20 minutes on 2 cores. A HumanEval prompt x 48 tokens costs 3-6 s a method
+# at the auto precision there (prose about 1.5 times that), so the six methods cost about 27 s a HumanEval prompt:
+# 16 HumanEval prompts (the stored pages' sample) take about 7 minutes, 10 prose prompts about as long, and the
+# pipeline alone with uniform fan-out on the 16 HumanEval prompts (its hit rate beside calibrated's) 1-2 minutes;
+# with three loads of the pair and the drafter's start, about 18 minutes.
+REPORT_METHODS = "ar,hf-ar,sd,hf-sd,sd-1core,ssd-pipeline"
+REPORT_BENCHES = {"humaneval": ("humaneval:16", "calibrated", REPORT_METHODS),  # file name: prompts, fan-out, methods
+                  "prose": ("prose:10", "calibrated", REPORT_METHODS),
+                  "humaneval_uniform": ("humaneval:16", "uniform", "ssd-pipeline")}
+REPORT_SIZES = "16 HumanEval and 10 prose prompts x 48 tokens, greedy, K 4, B 4"

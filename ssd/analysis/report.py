@@ -1,0 +1,397 @@
+"""One page per machine, generated from its folder of results (``python -m ssd report``): a settings line, a short
+table of headline figures each with its 95% CI and the file it came from, and one summary figure. The README's
+results table and docs/results.md come from the same pages, so no number a reader sees is typed by hand.
+
+Which file a figure comes from is decided by the rules in ``pick`` and the figure functions below, never by a file's
+name: among the folder's files at the machine's precision, greedy, the one that ran the figure's methods side by side
+on the most prompts (the most batch sizes, for the batch study), then the newest. A figure no file holds says "not
+measured": a page never carries another machine's number.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..bench.stats import mean_ci, speedups
+from ..bench.summaries import against_peers
+from .batch_study import auto_over_fixed, break_even, by_batch_size, crossover
+from .sources import BENCH, CALLS, HIT_RATES, UNKNOWN, Source, read_folder
+
+NOT_MEASURED = "not measured"
+SETS = {"humaneval": "HumanEval", "prose": "prose"}
+PIPELINES = ("ssd-pipeline", "ssd-pipeline:auto")  # the pipeline as the command line runs it (backup on auto)
+NOTE = ("Ratios: mean over prompts of per-prompt ratios of tokens/s, run side by side (against transformers: the "
+        "geometric mean); [95% Student-t CI over prompts]. A break-even or crossover b is the first batch size "
+        "measured at which it holds (no interval); the backup on auto: its range over the b measured, one run each.")
+HIT_BUDGET = 4  # B of the hit-rate figure: the budget the pipeline's benches and the batch study run at
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of a page's table. key: what it is, the same on every page ('sd/ar'); value and ci: the cell's text;
+    sample: how many prompts (or batch sizes) it rests on; source: the file; mean/low/high and method: for the plot."""
+    key: str
+    what: str
+    prompts: str
+    value: str = NOT_MEASURED
+    ci: str = ""
+    sample: str = ""
+    source: str = ""
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    method: str | None = None
+
+    @property
+    def cell(self) -> str:
+        return f"{self.value} {self.ci}".strip()
+
+
+# ---- which source: the one rule every figure follows -------------------------------------------------------------
+
+def pick(candidates: list[tuple[tuple, Source, object]]):
+    """The candidate (size, source, payload) with the largest size (prompts paired, or batch sizes then rows), then
+    the one of fewest methods, then the newest, then by name: a larger sample first; of two the same size, the run
+    made for the comparison (a peers bench rather than the batch study that also ran the two, whose methods ran
+    further apart in time), then the later run; a fixed order breaks ties, so the page is the same every time. None
+    where there is none."""
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c[0], -_breadth(c[1]), c[1].date, c[1].name))
+
+
+def _breadth(source: Source) -> int:
+    """How many methods (or fan-out strategies, in a hit-rate sweep) the source ran."""
+    column = "method" if "method" in source.frame else "strategy"
+    return source.frame[column].nunique() if column in source.frame else 0
+
+
+def greedy(source: Source) -> bool:
+    """Greedy, as recorded; a sweep that records no temperature ran greedy where it checked identity to the target
+    (the kit checks identity only at temperature 0)."""
+    t = source.settings.get("temperature")
+    if t is not None:
+        return float(t) == 0.0
+    return "identical_to_target" in source.frame and source.frame["identical_to_target"].notna().any()
+
+
+def at_b1(source: Source, prompts: str, precision) -> pd.DataFrame | None:
+    """The source's rows of one prompt set at b = 1, where it is a greedy bench at `precision`; else None."""
+    if source.kind != BENCH or source.precision != precision or not greedy(source):
+        return None
+    rows = source.frame
+    rows = rows[(rows["prompts"] == prompts) & (rows["batch_size"] == 1) & rows["label"].notna()]
+    return rows if len(rows) else None
+
+
+# ---- the figures -------------------------------------------------------------------------------------------------
+
+def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple) -> Figure:
+    """Mean over prompts of a method's tokens/s over another's on the same prompt, run side by side (paired within a
+    run: a file, or a sweep point), with its Student-t 95% CI (``stats.speedups``, ``stats.mean_ci``)."""
+    candidates = []
+    for s in sources:
+        rows = at_b1(s, prompts, precision)
+        for a in over if rows is not None else ():
+            for b in (b for b in under if {a, b} <= set(rows["label"])):
+                pairs = speedups(rows[rows["label"].isin([a, b])].assign(method=rows["label"]), b, by="run")
+                pairs = pairs[pairs["method"] == a]
+                if len(pairs):
+                    candidates.append(((pairs["prompt_id"].nunique(),), s, (a, b, pairs)))
+    best = pick(candidates)
+    if best is None:
+        return Figure(key, what, prompts)
+    _, s, (a, b, pairs) = best
+    ci = mean_ci(pairs.assign(all=0), "all", "speedup").iloc[0]
+    setting = f"; {_pipeline_setting(s)}" if a.startswith("ssd") else ""
+    return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts{setting}", a, "x")
+
+
+def peer(sources, prompts, precision, key, what, method: str, transformers: str) -> Figure:
+    """Ours over transformers' method doing the same job, on the same answers: the geometric mean of the per-answer
+    ratios with its 95% CI (``summaries.against_peers``)."""
+    candidates = []
+    for s in sources:
+        rows = at_b1(s, prompts, precision)
+        if rows is None or not {method, transformers} <= set(rows["label"]):
+            continue
+        # the whole call's ratio only: a peer that timed no prompt pass has no decode rate to pair
+        both = rows[rows["label"].isin([method, transformers])].assign(method=rows["label"])
+        both = both.drop(columns=["decode_tokens_per_s"], errors="ignore")
+        found = [r for r in against_peers(both) if r["method"] == method and r["measure"] == "tokens_per_s"]
+        if found:
+            candidates.append(((found[0]["answers"],), s, found[0]))
+    best = pick(candidates)
+    if best is None:
+        return Figure(key, what, prompts)
+    _, s, r = best
+    ci = {"mean": r["geometric_mean"], "ci_low": (r["ci"] or [math.nan])[0], "ci_high": (r["ci"] or [0, math.nan])[1]}
+    return _numbers(key, what, prompts, ci, s, f"{r['answers']} prompts", method, "x")
+
+
+def hit_rate(sources, prompts, precision, fan_out: str) -> Figure:
+    """The pipeline's (or SSD's) hit rate at B = HIT_BUDGET with this fan-out, mean over prompts with its 95% CI
+    (clipped to [0, 1]): from a bench at the machine's precision, or from a hit-rate sweep (``python -m ssd
+    hit-rates``), which reads every B off one run but records no precision; the sample says which."""
+    key, what = f"hit/{fan_out}", f"hit rate at B = {HIT_BUDGET}, {fan_out} fan-out"
+    candidates = []
+    for s in sources:
+        rows = _hit_rows(s, prompts, precision, fan_out)
+        if rows is not None and len(rows):
+            candidates.append(((rows["prompt_id"].nunique(),), s, rows))
+    best = pick(candidates)
+    if best is None:
+        return Figure(key, what, prompts)
+    _, s, rows = best
+    per_prompt = rows.groupby("prompt_id", sort=True)["hit_rate"].mean().reset_index().assign(all=0)
+    ci = mean_ci(per_prompt, "all", "hit_rate").iloc[0]
+    t = s.settings.get("temperature")
+    setting = "" if t in (None, 0, 0.0) else f", temperature {t:g}"
+    setting += ", precision not recorded" if s.kind == HIT_RATES else ""
+    return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts{setting}", "ssd-pipeline", "")
+
+
+def _hit_rows(s: Source, prompts, precision, fan_out) -> pd.DataFrame | None:
+    if s.kind == HIT_RATES:  # a sweep: every strategy at every B from one run per prompt
+        f = s.frame
+        return f[(f["prompts"] == prompts) & (f["strategy"] == fan_out) & (f["budget"] == HIT_BUDGET)]
+    if s.settings.get("fan_out") != fan_out or s.settings.get("budget") != HIT_BUDGET:
+        return None
+    rows = at_b1(s, prompts, precision)
+    if rows is None or "hit_rate" not in rows:
+        return None
+    rows = rows[rows["label"].str.startswith("ssd") & rows["hit_rate"].notna()]
+    first = sorted(rows["label"].unique())[:1]  # one method's rows: the pipeline's backups do not share a sample
+    return rows[rows["label"].isin(first)]
+
+
+def identity(sources, prompts, precision) -> Figure:
+    """Greedy identity: per method, the answers token-identical to the target alone (AR) over all, from the greedy
+    bench that checked the most answers."""
+    key, what = "identity", "greedy output identical to AR (answers)"
+    candidates = []
+    for s in sources:
+        rows = at_b1(s, prompts, precision)
+        if rows is None or "identical_to_target" not in rows:
+            continue
+        rows = rows[rows["identical_to_target"].notna() & (rows["label"] != "ar")]
+        if len(rows):
+            candidates.append(((len(rows),), s, rows))
+    best = pick(candidates)
+    if best is None:
+        return Figure(key, what, prompts)
+    _, s, rows = best
+    counts = rows.groupby("label", sort=True)["identical_to_target"].agg(lambda v: (int(v.astype(bool).sum()), len(v)))
+    value = ", ".join(f"{label} {same}/{n}" for label, (same, n) in counts.items()) + _near_ties(rows)
+    return Figure(key, what, prompts, value, "", f"{rows['prompt_id'].nunique()} prompts", s.name)
+
+
+def _near_ties(rows) -> str:
+    """What the answers that left AR's tokens have in common, at a reduced precision: each first difference at a
+    near-tie of the target's top two logits (the bench locates it, ``ssd.bench.lossless``), or how many were not."""
+    differ = rows[~rows["identical_to_target"].astype(bool)]
+    if differ.empty or "near_tie" not in differ:
+        return ""
+    ties = differ["near_tie"].fillna(False).astype(bool)
+    if ties.all():
+        return f" (the rest at near-ties, margin <= {differ['margin_at_difference'].max():.2g})"
+    return f" ({int((~ties).sum())} not at a near-tie)"
+
+
+def batch_figures(sources, prompts, precision) -> list[Figure]:
+    """The batch-size study's figures (``batch_study``): SD's and the pipeline's break-even b against batched AR in
+    total tokens/s, the crossover b* of the two backups, the backup on auto over the better fixed one."""
+    tables = [(s, by_batch_size(s.frame[s.frame["prompts"] == prompts])) for s in sources
+              if s.kind == CALLS and s.precision == precision and (s.frame["prompts"] == prompts).any()]
+    return [_batch(tables, prompts, "b/sd", "SD's break-even b against batched AR", lambda t: {"sd", "ar"},
+                   lambda t: _break_even(t, "sd")),
+            _batch(tables, prompts, "b/pipeline", "the pipeline's break-even b against batched AR",
+                   lambda t: {_pipeline(t), "ar"}, lambda t: _break_even(t, _pipeline(t))),
+            _batch(tables, prompts, "b/star", "the backups' crossover b* (fast reaches jit)",
+                   lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
+            _batch(tables, prompts, "b/auto", "the backup on auto over the better fixed one (decode)",
+                   lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
+
+
+def _pipeline(t: pd.DataFrame) -> str | None:
+    """The pipeline as the command line runs it, in this table: by its plain name, else with its backup on auto
+    (the name a study that also ran the fixed backups gave it); None where neither ran."""
+    return next((p for p in PIPELINES if p in set(t["label"])), None)
+
+
+def _batch(tables, prompts, key, what, needs, value) -> Figure:
+    """The batch figure `value(table)` from the table, among those holding the methods `needs(table)` at two batch
+    sizes or more, that ran the most batch sizes (``pick``)."""
+    candidates = [((t["batch_size"].nunique(), len(t)), s, t) for s, t in tables
+                  if needs(t) <= set(t["label"]) and t["batch_size"].nunique() > 1]
+    best = pick(candidates)
+    if best is None:
+        return Figure(key, what, prompts)
+    _, s, t = best
+    sizes = sorted(t["batch_size"].unique())
+    # a batch size has no interval, and the batch study ran each b once: these cells carry none (the page says so)
+    sample = f"b = {', '.join(map(str, sizes))}" + ("" if key == "b/sd" else f"; {_pipeline_setting(s)}")
+    return Figure(key, what, prompts, value(t), "", sample, s.name)
+
+
+def _pipeline_setting(s: Source) -> str:
+    """The pipeline's B and fan-out in a source, which its speed depends on (the studies ran B 4 calibrated, the
+    command line's default is B 16 uniform)."""
+    budget, fan_out = s.settings.get("budget"), s.settings.get("fan_out")
+    if budget is None and not fan_out:
+        return "B, fan-out not recorded"
+    return f"B {budget if budget is not None else 'not recorded'}, {fan_out or 'not recorded'} fan-out"
+
+
+def _break_even(t: pd.DataFrame, method: str) -> str:
+    b = break_even(t, method, "ar")["tokens_per_s"]
+    return f"b = {b}" if b is not None else f"beyond b = {t['batch_size'].max()}"
+
+
+def _crossover(t: pd.DataFrame) -> str:
+    found = crossover(t)
+    words = {k: (f"b = {v}" if v is not None else "none") for k, v in found.items()}
+    return f"{words['measured']} (predicted {words['predicted']})"
+
+
+def _auto(t: pd.DataFrame) -> str:
+    ratios = auto_over_fixed(t)["auto_over_better"].dropna()
+    return f"{ratios.min():.2f}x to {ratios.max():.2f}x" if len(ratios) else NOT_MEASURED
+
+
+def _numbers(key, what, prompts, ci, s: Source, sample, method, unit) -> Figure:
+    mean, low, high = (float(ci[c]) for c in ("mean", "ci_low", "ci_high"))
+    interval = "(no interval: fewer than 3 prompts)" if math.isnan(low) else f"[{low:.2f}, {high:.2f}]"
+    return Figure(key, what, prompts, f"{mean:.2f}{unit}", interval, sample, s.name, mean,
+                  None if math.isnan(low) else low, None if math.isnan(high) else high, method)
+
+
+# ---- one machine's figures ---------------------------------------------------------------------------------------
+
+def figures(sources: list[Source], precision, gpu: bool = False) -> list[Figure]:
+    """Every headline figure of one folder at one precision, per prompt set the folder holds (HumanEval, prose). A
+    GPU's page (``make gpu-check``'s benches) holds the few its record has: ours against transformers, identity."""
+    held = sorted({p for s in sources for p in s.frame.get("prompts", pd.Series(dtype=str)).unique() if p in SETS},
+                  key=list(SETS).index)
+    out = []
+    for p in held:
+        out += [ratio(sources, p, precision, "sd/ar", "SD over AR", ("sd",), ("ar",))]
+        if not gpu:
+            out += [ratio(sources, p, precision, "pipeline/sd-1core", "the pipeline over SD on one core (sd-1core)",
+                          PIPELINES, ("sd-1core",)),
+                    ratio(sources, p, precision, "pipeline/sd", "the pipeline over SD on both cores", PIPELINES,
+                          ("sd",))]
+        out += [peer(sources, p, precision, "ar/hf-ar", "our AR over transformers' generate", "ar", "hf-ar"),
+                peer(sources, p, precision, "sd/hf-sd", "our SD over assisted generation", "sd", "hf-sd")]
+        if not gpu:
+            out += [hit_rate(sources, p, precision, "calibrated"), hit_rate(sources, p, precision, "uniform")]
+            out += batch_figures(sources, p, precision)
+        out += [identity(sources, p, precision)]
+    return out
+
+
+def precisions(sources: list[Source]) -> list[tuple[str, str]]:
+    """The precisions a page shows: the one auto picked on the machine (the most benches' where several); where no
+    bench ran on auto (a gpu-check record asks for each), every precision a bench ran at."""
+    benches = [s for s in sources if s.kind == BENCH and UNKNOWN not in s.precision and None not in s.precision]
+    auto = pd.Series([s.precision for s in benches if s.auto], dtype=object)
+    if len(auto):
+        counts = auto.value_counts()
+        return [sorted(counts[counts == counts.max()].index)[0]]
+    return sorted({s.precision for s in benches})
+
+
+# ---- the page ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Page:
+    machine: str
+    words: str  # the machine in words (``machines.describe``)
+    precisions: list
+    figures: dict  # precision -> [Figure]
+    sources: list
+
+    def used(self) -> list[Source]:
+        names = {f.source for fs in self.figures.values() for f in fs}
+        return [s for s in self.sources if s.name in names]
+
+
+def page(folder: str, machine: str | None = None, words: str | None = None) -> Page:
+    """The page of one machine's folder of results (data/<machine>/, or a user's runs/.../<machine>/)."""
+    sources = read_folder(folder)
+    if not sources:
+        raise ValueError(f"folder must hold bench JSONs or sweep CSVs, got {folder!r} with none")
+    machine = machine or os.path.basename(os.path.normpath(folder))
+    gpu = any(s.name.startswith("gpu_") and "#" in s.name for s in sources)
+    chosen = precisions(sources)
+    return Page(machine, words or machine, chosen, {p: figures(sources, p, gpu) for p in chosen}, sources)
+
+
+def settings_line(pg: Page) -> str:
+    """The machine, cores, precisions, pair, K, prompts x tokens, and each file used with its date and commit; a
+    setting no file used records is named as not recorded."""
+    used = sorted({s.name.split("#")[0]: s for s in pg.used()}.items())
+
+    def values(key):
+        return ", ".join(sorted({str(s.settings.get(key)) for _, s in used if s.settings.get(key) is not None}))
+
+    gpu = values("device") if "NVIDIA" in values("device") or "AMD Instinct" in values("device") else ""
+    cores = values("cores")
+    head = f"**{pg.words}**" + (f" ({cores} cores)" if cores and not gpu else f" (host: {cores} CPU cores)"
+                                if cores else "")
+    parts = [head, "; ".join(f"target {t}, draft {d}" for t, d in pg.precisions)]
+    named = {"pair": "pair {}", "k": "K {}", "max_new_tokens": "{} new tokens a prompt"}
+    parts += [form.format(values(key)) for key, form in named.items() if values(key)]
+    missing = [{"k": "K", "max_new_tokens": "tokens"}.get(key, key) for key in named if not values(key)]
+    parts += [f"{', '.join(missing)} not recorded in the files"] if missing else []
+    files = "; ".join(f"`{name}` ({s.date}, {s.commit})" for name, s in used) or "none"
+    return " · ".join([*parts, "greedy unless a row says otherwise", f"files: {files}"])
+
+
+def markdown(pg: Page, figure_path: str | None = None, heading: str = "##") -> str:
+    """The page as markdown: heading, settings line, one table per precision shown, the figure."""
+    lines = [f"{heading} {pg.machine}", "", settings_line(pg), ""]
+    for precision in pg.precisions:
+        if len(pg.precisions) > 1:
+            lines += [f"At target {precision[0]}, draft {precision[1]}:", ""]
+        lines += ["| figure | prompts | value [95% CI] | sample | file |", "|---|---|---|---|---|"]
+        lines += [f"| {f.what} | {SETS[f.prompts]} | {f.cell} | {f.sample or '-'} | "
+                  f"{'`' + f.source + '`' if f.source else '-'} |" for f in pg.figures[precision]]
+        lines.append("")
+    lines += [NOTE, ""]
+    if figure_path:
+        lines += [f"![{pg.machine}: the headline ratios with their 95% CIs]({figure_path})", ""]
+    return "\n".join(lines)
+
+
+def plot(pg: Page, path: str) -> str:
+    """The page's ratios as horizontal bars with their 95% CIs, a line at 1, one colour per method; captioned with
+    the machine and precision; saved as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    from . import style
+
+    shown = [f for f in pg.figures[pg.precisions[0]] if f.mean is not None and f.value.endswith("x")]
+    if not shown:
+        raise ValueError(f"the page of {pg.machine} has no ratio to draw")
+    colours = style.method_colours([f.method for f in shown])
+    with style.styled():
+        fig, ax = plt.subplots(figsize=(7.0, 0.45 * len(shown) + 1.2))
+        y = np.arange(len(shown))[::-1]
+        for yi, f in zip(y, shown):
+            err = None if f.low is None else [[f.mean - f.low], [f.high - f.mean]]
+            ax.barh(yi, f.mean, xerr=err, color=colours[f.method], capsize=3)
+        ax.axvline(1.0, color="0.2", linewidth=1)
+        ax.set_yticks(y, [f"{f.what}, {SETS[f.prompts]}" for f in shown], fontsize="small")
+        ax.set_xlabel("ratio of tokens/s, mean ± 95% CI over prompts"
+                      + ("" if all(f.low is not None for f in shown) else " (no error bar: fewer than 3)"))
+        target, draft = pg.precisions[0]
+        fig.tight_layout()  # the axis label inside the figure, so that the caption below it clears it
+        style.caption(fig, style.setting_line(pg.words, target, draft))
+        out = style.save(fig, path)
+        plt.close(fig)
+    return out

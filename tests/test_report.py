@@ -1,0 +1,172 @@
+"""The report (``python -m ssd report``): the committed docs/results.md and README block are what the generator makes
+from data/; the rules that pick a figure's file; the arithmetic of its interval; "not measured" where no file holds
+a figure."""
+import json
+import os
+
+import pytest
+from scipy import stats
+
+from ssd.analysis import report, report_files
+from ssd.analysis.sources import plain, read_folder
+from ssd.bench.machines import DATA
+from ssd.files import KIT_ROOT
+
+AUTO = {"target": "bfloat16", "draft": "int8", "reason": "auto: target bfloat16 (timed here)"}
+EPYC = {"cpu": "AMD EPYC", "isa": "AVX512", "flags": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],
+        "native": ["bfloat16"], "cores": 2}  # the kind of machine of data/amd-epyc-avx512-bf16
+FLOAT32 = {"target": "float32", "draft": "float32", "reason": "as asked: target float32, draft float32"}
+
+
+def bench(folder, name, rates: dict, precision=AUTO, date="2026-12-01T00:00:00+00:00", prompts="HumanEval", **args):
+    """A bench JSON as `python -m ssd bench --json` writes it, with only what the report reads: rates maps a method
+    to its tokens/s per prompt."""
+    rows = [{"method": m, "prompt_id": f"{prompts}/{i}", "tokens_per_s": v, "batch_size": 1,
+             "identical_to_target": True if m != "ar" else None}
+            for m, values in rates.items() for i, v in enumerate(values)]
+    result = {"args": {"pair": "qwen2.5-coder", "k": 4, "temperature": 0.0, "max_new_tokens": 48, "budget": 4,
+                       "fan_out": "calibrated", **args},
+              "environment": {"date": date, "commit": "abc1234", "capability": EPYC},
+              "precision": precision, "rows": rows, "summary": []}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as f:
+        json.dump(result, f)
+
+
+def figure(pg, key, prompts="humaneval"):
+    return next(f for f in pg.figures[pg.precisions[0]] if f.key == key and f.prompts == prompts)
+
+
+@pytest.fixture(scope="module")
+def pages():
+    return report_files.stored_pages(DATA)
+
+
+def test_docs_results_md_is_what_the_report_makes_from_data(pages):
+    with open(KIT_ROOT / "docs" / "results.md") as f:
+        assert report_files.results_markdown(pages) == f.read(), "run `python -m ssd report` and commit the result"
+    for pg in pages:
+        assert (KIT_ROOT / "docs" / "results" / f"{pg.machine}.png").exists()
+
+
+def test_the_readmes_table_is_generated_and_short(pages):
+    with open(KIT_ROOT / "README.md") as f:
+        readme = f.read()
+    block = report_files.readme_block(pages)
+    assert block in readme, "run `python -m ssd report` and commit README.md"
+    rows = [line for line in block.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert 0 < len(rows) <= report_files.MAX_ROWS
+    cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")[1:]]
+    assert max(map(len, cells)) <= report_files.MAX_CELL
+    assert report_files.with_block(readme, block) == readme
+
+
+def test_a_ratio_is_the_mean_of_per_prompt_ratios_with_a_t_interval(tmp_path):
+    bench(tmp_path / "m", "a.json", {"ar": [1.0, 2.0, 4.0, 5.0], "sd": [2.0, 3.0, 8.0, 5.0]})
+    pg = report.page(str(tmp_path / "m"))
+    sd = figure(pg, "sd/ar")
+    ratios = [2.0, 1.5, 2.0, 1.0]
+    mean = sum(ratios) / 4
+    half = stats.t.ppf(0.975, 3) * stats.tstd(ratios) / 2
+    assert sd.mean == pytest.approx(mean) and sd.low == pytest.approx(mean - half)
+    assert sd.cell == f"{mean:.2f}x [{mean - half:.2f}, {mean + half:.2f}]" and sd.source == "a.json"
+    assert sd.sample == "4 prompts"
+
+
+def test_the_file_with_the_most_prompts_wins_then_the_one_made_for_the_comparison(tmp_path):
+    folder = tmp_path / "m"
+    bench(folder, "few.json", {"ar": [1.0] * 3, "sd": [2.0] * 3}, date="2026-12-09T00:00:00+00:00")
+    bench(folder, "many.json", {"ar": [1.0] * 5, "sd": [3.0] * 5})
+    assert figure(report.page(str(folder)), "sd/ar").source == "many.json"
+    bench(folder, "study.json", {"ar": [1.0] * 5, "sd": [4.0] * 5, "hf-ar": [1.0] * 5},
+          date="2026-12-09T00:00:00+00:00")
+    assert figure(report.page(str(folder)), "sd/ar").source == "many.json"  # fewer methods, though older
+    bench(folder, "later.json", {"ar": [1.0] * 5, "sd": [5.0] * 5}, date="2026-12-09T00:00:00+00:00")
+    assert figure(report.page(str(folder)), "sd/ar").source == "later.json"  # the same size and breadth: the newer
+
+
+def test_a_file_at_another_precision_or_temperature_is_not_read_for_the_machines_figures(tmp_path):
+    folder = tmp_path / "m"
+    bench(folder, "auto.json", {"ar": [1.0] * 3, "sd": [2.0] * 3})
+    bench(folder, "float32.json", {"ar": [1.0] * 8, "sd": [1.1] * 8}, precision=FLOAT32)
+    bench(folder, "sampled.json", {"ar": [1.0] * 8, "sd": [1.2] * 8}, temperature=0.7)
+    pg = report.page(str(folder))
+    assert pg.precisions == [("bfloat16", "int8")] and figure(pg, "sd/ar").source == "auto.json"
+
+
+def test_a_figure_no_file_holds_renders_not_measured(tmp_path):
+    bench(tmp_path / "m", "a.json", {"ar": [1.0] * 3, "sd": [2.0] * 3}, prompts="prose")
+    pg = report.page(str(tmp_path / "m"))
+    assert {f.prompts for f in pg.figures[pg.precisions[0]]} == {"prose"}  # no HumanEval rows: none measured
+    missing = figure(pg, "pipeline/sd-1core", "prose")
+    assert missing.value == report.NOT_MEASURED and missing.source == "" and missing.mean is None
+    assert "| the pipeline over SD on one core (sd-1core) | prose | not measured | - | - |" in report.markdown(pg)
+
+
+def test_ours_over_transformers_is_the_geometric_mean(tmp_path):
+    bench(tmp_path / "m", "a.json", {"ar": [1.0, 1.0, 1.0], "hf-ar": [0.5, 1.0, 2.0]})
+    f = figure(report.page(str(tmp_path / "m")), "ar/hf-ar")
+    assert f.mean == pytest.approx(1.0) and f.low < 1.0 < f.high
+
+
+def test_greedy_identity_counts_per_method(tmp_path):
+    bench(tmp_path / "m", "a.json", {"ar": [1.0] * 3, "sd": [2.0] * 3})
+    assert figure(report.page(str(tmp_path / "m")), "identity").value == "sd 3/3"
+
+
+def test_variants_that_set_k_or_b_are_not_the_method():
+    assert plain("sd") == "sd" and plain("ar:batch_size=8") == "ar" and plain("sd:k=2") is None
+    assert plain("ssd-pipeline:backup=jit:batch_size=2") == "ssd-pipeline:jit"
+
+
+def test_bad_folders_fail_in_one_line(tmp_path):
+    with pytest.raises(ValueError, match="folder must be a folder of one machine's results"):
+        read_folder(str(tmp_path / "none"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="folder must hold bench JSONs or sweep CSVs"):
+        report.page(str(tmp_path / "empty"))
+
+
+def test_a_users_page_sits_beside_the_nearest_stored_machine(tmp_path):
+    bench(tmp_path / "mine", "a.json", {"ar": [1.0] * 3, "sd": [2.0] * 3})
+    out = report_files.beside(str(tmp_path / "mine"), DATA, str(tmp_path / "report.md"))
+    text = open(out).read()
+    assert "## your results: amd-epyc-avx512-bf16" in text and "Samples: 3 to 3 prompts a figure" in text
+    assert "## the nearest stored machine: amd-epyc-avx512-bf16" in text and "(the stored page's: 16 to 16)" in text
+    assert (tmp_path / "report.png").exists()
+
+
+def test_an_empty_folder_fails_in_one_line_naming_from(tmp_path, capsys):
+    from ssd.cli import main
+
+    assert main(["report", "--from", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --from must be a folder of one machine's bench JSONs")
+
+
+@pytest.mark.integration
+def test_measure_runs_the_headline_benches_and_renders_the_page(tmp_path, monkeypatch):
+    """--measure's wiring on the tiny pair: each bench of names.REPORT_BENCHES as a process, into
+    runs/report/<machine>/, then the page beside the nearest stored machine's; a rerun keeps what is written. On 3
+    prompts a bench rather than the 26 of the real plan: the wiring, not the sizes (which take ~12 minutes even on
+    the tiny pair, the pipeline's drafter and transformers' generate being per-prompt costs)."""
+    from ssd import commands, names
+    from ssd.bench.machines import this_machine
+    from ssd.cli import main
+
+    plan = {"humaneval": ("humaneval:3", "calibrated", names.REPORT_METHODS),
+            "humaneval_uniform": ("humaneval:3", "uniform", "ssd-pipeline")}
+    monkeypatch.setattr(commands, "REPORT_BENCHES", plan)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(KIT_ROOT))  # the benches' processes import this checkout's kit
+    assert main(["report", "--measure", "--pair", "tiny", "--out", "page.md"]) == 0
+    folder = tmp_path / names.REPORT_DIR / this_machine()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"headline_{n}.json" for n in plan)
+    text = (tmp_path / "page.md").read_text()
+    mine, theirs = text.split("## the nearest stored machine:")  # the measured page first
+    assert f"## your results: {this_machine()}" in mine and "| SD over AR | HumanEval | not measured" not in mine
+    uniform = next(line for line in mine.splitlines() if line.startswith("| hit rate at B = 4, uniform"))
+    assert uniform.endswith("| `headline_humaneval_uniform.json` |")  # the pipeline's own bench at uniform fan-out
+    assert (tmp_path / "page.png").exists()
+    written = {p.name: p.stat().st_mtime for p in folder.iterdir()}
+    assert main(["report", "--measure", "--pair", "tiny", "--out", "page.md"]) == 0
+    assert {p.name: p.stat().st_mtime for p in folder.iterdir()} == written
