@@ -186,6 +186,19 @@ def pair_line(pair) -> str:
     return setting_line(machine, pair.precisions.target, pair.precisions.draft)
 
 
+def profiles_line(profiles: dict) -> str:
+    """``setting_line`` for latency profiles {label: Profile} drawn in one figure: the machine each was measured on
+    (its CPU, cores, ISA and native precisions, as the profile recorded them) and every label's precisions."""
+    from ..models.capability import capability_line
+
+    if not profiles:
+        raise ValueError("profiles must hold at least one profile to name its machine")
+    by_machine = {}
+    for label, profile in profiles.items():
+        by_machine.setdefault(capability_line(profile.capability), []).append(label)
+    return "; ".join(f"{machine} · {'; '.join(labels)}" for machine, labels in by_machine.items())
+
+
 def caption(fig, line: str):
     """Write `line` (``setting_line``: the machine and the precisions) in small grey type under the figure, so the
     saved PNG says where its numbers came from wherever it is shown; returns the figure."""
