@@ -452,3 +452,17 @@ def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover
     assert total.get_xscale() == "log" and list(total.get_xticks()) == [1, 2, 4, 8, 16]
     style.save(fig, tmp_path / "study.png")
     assert (tmp_path / "study.png").stat().st_size > 0
+
+
+def test_a_caption_names_the_setting_below_the_figure_clear_of_its_x_label():
+    with style.styled():
+        fig, ax = plt.subplots()
+        ax.set_xlabel("prompt_set")
+        fig.tight_layout()
+    line = style.setting_line("AMD EPYC (2 cores), AVX512, native bfloat16", "bfloat16", "int8")
+    assert style.caption(fig, line) is fig
+    (text,) = [t for t in fig.texts if t.get_text() == line]
+    assert line == "AMD EPYC (2 cores), AVX512, native bfloat16 · target bfloat16, draft int8"
+    renderer = fig.canvas.get_renderer()
+    top = text.get_window_extent(renderer).y1  # display pixels; the figure's bottom edge is 0
+    assert top < -3 and top < ax.xaxis.label.get_window_extent(renderer).y0  # a few pixels of gap below the edge

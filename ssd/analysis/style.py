@@ -31,6 +31,7 @@ LEVEL = 0.95
 CI_LABEL = "mean ± 95% CI over prompts"
 RATE_CI_LABEL = "mean ± 95% CI over prompts, clipped to [0, 1]"
 NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompts"
+CAPTION_GAP_PT = 6
 
 # One colour per method through the whole course (colorblind palette): the baselines in earth tones, SD in blues,
 # SSD in orange and green. A variant ("ar:batch_size=8", "ssd-pipeline:backup=fast") takes its method's hue, in a
@@ -198,10 +199,27 @@ def result_line(result: dict, pair, machine: str) -> str:
     return f"{line} · stored, {where}"
 
 
+def profiles_line(profiles: dict) -> str:
+    """``setting_line`` for latency profiles {label: Profile} drawn in one figure: the machine each was measured on
+    (its CPU, cores, ISA and native precisions, as the profile recorded them) and every label's precisions."""
+    from ..models.capability import capability_line
+
+    if not profiles:
+        raise ValueError("profiles must hold at least one profile to name its machine")
+    by_machine = {}
+    for label, profile in profiles.items():
+        by_machine.setdefault(capability_line(profile.capability), []).append(label)
+    return "; ".join(f"{machine} · {'; '.join(labels)}" for machine, labels in by_machine.items())
+
+
 def caption(fig, line: str):
     """Write `line` (``setting_line``: the machine and the precisions) in small grey type under the figure, so the
     saved PNG says where its numbers came from wherever it is shown; returns the figure."""
-    fig.text(0.01, 0.0, line, ha="left", va="top", fontsize="small", color="0.35", transform=fig.transFigure)
+    from matplotlib.transforms import offset_copy
+
+    # a few points below the figure's edge, which an x-axis label may reach: the caption never touches it
+    below = offset_copy(fig.transFigure, fig=fig, y=-CAPTION_GAP_PT, units="points")
+    fig.text(0.01, 0.0, line, ha="left", va="top", fontsize="small", color="0.35", transform=below)
     return fig
 
 
