@@ -40,12 +40,7 @@ def test_a_cell_with_only_the_path_is_caught():
     assert shows_an_image(path_only | {"outputs": [{"output_type": "display_data", "data": {"image/png": "iVBO"}}]})
 
 
-# The notebooks whose every figure names the machine and the precisions under it (``style.caption``): 07 and 08 join
-# as their figures are captioned.
-CAPTIONED = [nb for nb in NOTEBOOKS if nb.name[:2] in {"00", "01", "02", "03", "04", "05", "06"}]
-
-
-@pytest.mark.parametrize("notebook", CAPTIONED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_figure_of_a_stored_notebook_names_its_machine_and_precision(notebook):
     missing = [i for i, cell in figure_cells(notebook) if "style.caption(" not in "".join(cell["source"])]
     assert not missing, f"{notebook.name}: cells {missing} save a figure without style.caption under it"
