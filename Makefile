@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml requirements-models.txt
 # figures in runs/course/figures/, what they measured in runs/course/results/<machine>/ (notebook 05's bench JSON;
 # <machine> is this kind of machine, as in data/), then the page of those results beside the nearest stored
 # machine's in runs/report.md (python -m ssd report --from), whose path it prints. The notebooks read the stored
-# results in data/. About 14 minutes on a 2-core CPU: the stored notebooks' papermill times sum to 11 minutes on an
-# AMD EPYC with avx512_bf16, 2 of them notebook 05's (which took 14 alone there while other jobs held both cores).
+# results in data/. About 8 minutes on a 2-core CPU with the caches warm (8 min 2 s for the course in place on an AMD
+# EPYC with avx512_bf16, 2026-12-06; the README's course table gives each notebook's time).
 run: $(STAMP)
 	$(BIN)/python -m ssd course --out runs/course --report runs/report.md
 
