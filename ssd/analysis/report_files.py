@@ -144,6 +144,10 @@ def _sample_line(mine: Page, theirs: Page | None) -> str:
     if not sizes:
         return "No figure of the table was measured in this folder.\n"
     stored = _sizes(theirs) if theirs else []
-    against = f" (the stored page's: {stored[0]} to {stored[-1]})" if stored else ""
-    return (f"Samples: {sizes[0]} to {sizes[-1]} prompts a figure{against}: the fewer, the wider an interval, and a "
-            "ratio whose interval holds 1 is no finding.\n")
+    against = f" (the stored page's: {_span(stored)})" if stored else ""
+    return (f"Samples: {_span(sizes)} prompts a figure{against}: the fewer, the wider an interval, and a ratio whose "
+            "interval holds 1 is no finding.\n")
+
+
+def _span(sizes: list[int]) -> str:
+    return f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]} to {sizes[-1]}"
