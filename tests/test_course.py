@@ -111,7 +111,9 @@ def files_of(root: pathlib.Path) -> dict:
     return found
 
 
+# In the worker that runs nbval, never beside it: nbval executes the notebooks in place, writing figures/ and data/demo/
 @pytest.mark.integration
+@pytest.mark.xdist_group("course")
 def test_a_users_run_on_the_tiny_pair_writes_only_under_its_out_folder(tmp_path):
     """00 and 05 of the course itself, as `make run` runs them: the checkout's files (tracked or ignored) untouched,
     and notebook 05's bench kept under OUT/results/<machine> as a bench JSON a stored bench's reader takes."""
