@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
 
     g = sub.add_parser("gpu-check", help="on a CUDA (or MPS) machine: the gpu tests, a short bench in float32 and "
-                       "bfloat16 and the pair's profile in its shapes, within 8 minutes, into data/<the GPU>/gpu_check.json; "
+                       "bfloat16 and the pair's profile in its shapes, within 8 minutes, into "
+                       "data/<the GPU>/gpu_check.json; "
                        "without a GPU it stops at once")
     g.add_argument("--json", default=GPU_CHECK_OUT, help="where the result goes (default data/<machine>/gpu_check.json,"
                    " the GPU's folder, e.g. data/nvidia-h200/gpu_check.json)")

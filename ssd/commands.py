@@ -202,8 +202,8 @@ def cmd_sweep(args) -> int:
 
     grid = sweep.load_grid(args.grid)
     try:
-        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=_for_this_machine(args.data_dir), runs_dir=args.runs_dir,
-                                 dry_run=args.dry_run)
+        failed = sweep.run_sweep(grid, jobs=args.jobs, data_dir=_for_this_machine(args.data_dir),
+                                 runs_dir=args.runs_dir, dry_run=args.dry_run)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the children are stopped, the points done are kept
         print("sweep interrupted; the points finished so far are recorded, a rerun runs the rest", file=sys.stderr)
         return 130

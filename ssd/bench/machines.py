@@ -76,7 +76,8 @@ def kind_in(root: str, machine: str) -> dict | None:
     """The kind of machine (``ssd.models.capability.machine_kind``) that a folder's results recorded, read from the
     first bench JSON or profile in it that names one; None where none does."""
     folder = os.path.join(root, machine)
-    for path in sorted(glob.glob(os.path.join(folder, "*.json")) + glob.glob(os.path.join(folder, "profiles", "*.json"))):
+    paths = glob.glob(os.path.join(folder, "*.json")) + glob.glob(os.path.join(folder, "profiles", "*.json"))
+    for path in sorted(paths):
         try:
             with open(path) as f:
                 record = json.load(f)
