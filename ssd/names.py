@@ -15,13 +15,13 @@ GPU_CHECK_OUT = "data/{machine}/gpu_check.json"  # {machine}: the GPU's folder (
 GPU_CHECK_BUDGET_S = 480.0  # make gpu-check: the whole check, tests and benches together
 REPORT_OUT = "runs/report.md"  # python -m ssd report --from / --measure: the user's page (its figures beside it)
 REPORT_DIR = "runs/report"  # --measure's bench JSONs, in a folder per kind of machine
-# --measure: the headline table in about 20 minutes on 2 cores. A HumanEval prompt x 48 tokens costs 3-6 s a method
-# at the auto precision there (prose about 1.5 times that), so the six methods cost about 27 s a HumanEval prompt:
-# 16 HumanEval prompts (the stored pages' sample) take about 7 minutes, 10 prose prompts about as long, and the
-# pipeline alone with uniform fan-out on the 16 HumanEval prompts (its hit rate beside calibrated's) 1-2 minutes;
-# with three loads of the pair and the drafter's start, about 18 minutes.
+# --measure: the headline table in about 20 minutes on 2 cores. Timed on the AMD EPYC with avx512_bf16 (2026-12-06,
+# the first 62 answers of a 16-prompt run): an answer of 48 tokens took 8.3 s on average over the six methods on
+# HumanEval, about 50 s a HumanEval prompt (prose, not timed by that run, reckoned at 1.5 times). So 10 HumanEval
+# prompts take about 8.5 minutes, 6 prose prompts about 7.5, the pipeline alone with uniform fan-out on the 10
+# HumanEval prompts (its hit rate beside calibrated's) about 1.5; with three loads of the pair, about 20 minutes.
 REPORT_METHODS = "ar,hf-ar,sd,hf-sd,sd-1core,ssd-pipeline"
-REPORT_BENCHES = {"humaneval": ("humaneval:16", "calibrated", REPORT_METHODS),  # file name: prompts, fan-out, methods
-                  "prose": ("prose:10", "calibrated", REPORT_METHODS),
-                  "humaneval_uniform": ("humaneval:16", "uniform", "ssd-pipeline")}
-REPORT_SIZES = "16 HumanEval and 10 prose prompts x 48 tokens, greedy, K 4, B 4"
+REPORT_BENCHES = {"humaneval": ("humaneval:10", "calibrated", REPORT_METHODS),  # file name: prompts, fan-out, methods
+                  "prose": ("prose:6", "calibrated", REPORT_METHODS),
+                  "humaneval_uniform": ("humaneval:10", "uniform", "ssd-pipeline")}
+REPORT_SIZES = "10 HumanEval and 6 prose prompts x 48 tokens, greedy, K 4, B 4"
