@@ -122,10 +122,8 @@ def cmd_bench(args) -> None:
     result = bench.run_bench(pair, prompts, methods, config, seed=args.seed, profile=profiles or None,
                              checkpoint=checkpoint, batch_size=args.batch_size,
                              autotune=Autotune(profiles) if tuned else None)
-    result.pop("spans")  # the timeline's: a JSON keeps the rows and their summaries
-    result = {"args": vars(args) | {"pair": pair.name}, "environment": records.environment(pair.target.device),
-              "precision": pair.precisions.as_dict(), "profile": latencies.to_dict() if latencies else None,
-              "batch_profiles": {str(b): p.to_dict() for b, p in profiles.items() if b != 1}, **result}
+    # a JSON keeps the rows and their summaries, not the timeline's spans
+    result = records.bench_record(result, pair, vars(args) | {"pair": pair.name}, latencies, batch_profiles=profiles)
     print(summaries.summary_table(result["summary"]))
     print()
     print(summaries.category_table(result["categories"]))

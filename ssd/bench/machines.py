@@ -125,15 +125,18 @@ def describe(root: str, machine: str) -> str:
     return kind_line(kind) if kind else machine
 
 
-def stamp(frame, pair):
-    """A table's rows with what measured them, where they do not say it already: the machine's folder, the device's
-    name, the CPU's recorded flags, each model's precision, the kit's commit and the date (a CSV stands alone)."""
+def columns(device="cpu") -> dict:
+    """What a stored table's rows record of what measured them: the machine's folder, the device's name, the CPU's
+    recorded flags (';'-joined), the kit's commit and the date (``provenance``)."""
     from ..models.capability import cpu_flags, device_name
 
-    device = pair.target.device
     record = provenance(device)
-    columns = {"machine": record["machine"], "device_name": device_name(device), "flags": ";".join(cpu_flags()),
-               "target_dtype": pair.precisions.target, "draft_dtype": pair.precisions.draft,
-               "commit": record["commit"], "date": record["date"]}
-    return frame.assign(**{name: value for name, value in columns.items() if name not in frame})
+    return {"machine": record["machine"], "device_name": device_name(device), "flags": ";".join(cpu_flags()),
+            "commit": record["commit"], "date": record["date"]}
 
+
+def stamp(frame, pair):
+    """A table's rows with what measured them (``columns``, and each model's precision), where they do not say it
+    already: a CSV stands alone."""
+    found = columns(pair.target.device) | {"target_dtype": pair.precisions.target, "draft_dtype": pair.precisions.draft}
+    return frame.assign(**{name: value for name, value in found.items() if name not in frame})

@@ -55,6 +55,18 @@ def environment(device="cpu") -> dict:
     }
 
 
+def bench_record(result: dict, pair, args: dict, profile=None, batch_profiles: dict | None = None) -> dict:
+    """A result of ``ssd.bench.run.run_bench`` as a bench JSON keeps it (`python -m ssd bench --json`, a course run's
+    results_dir): without the timeline's spans, with the arguments, the environment (this kind of machine, its commit
+    and date), the precisions, the latency profile it was priced on and, where given, those of the other b."""
+    kept = {key: value for key, value in result.items() if key != "spans"}
+    record = {"args": args, "environment": environment(pair.target.device), "precision": pair.precisions.as_dict(),
+              "profile": profile.to_dict() if profile else None}
+    if batch_profiles is not None:
+        record["batch_profiles"] = {str(b): p.to_dict() for b, p in batch_profiles.items() if b != 1}
+    return record | kept
+
+
 def stored(path: str, pair, *, other_precisions: bool = False) -> dict | None:
     """The bench result stored at `path` (`python -m ssd bench --json PATH`) if it exists and was measured on this pair
     at these precisions (each model's), with "source": the path and "elsewhere": None where it was measured on this

@@ -24,17 +24,9 @@ def bench_args(pair, config: DecodeConfig, *, notebook: str, prompts: str, metho
             "seed": seed, "methods": ",".join(methods), "prompts": prompts}
 
 
-def bench_record(result: dict, pair, args: dict, profile=None) -> dict:
-    """A result of ``ssd.bench.run.run_bench`` as the bench command stores it: without the timeline's spans, with the
-    environment (this kind of machine, its commit and date), the precisions and the latency profile it was priced on."""
-    kept = {key: value for key, value in result.items() if key != "spans"}
-    return {"args": args, "environment": records.environment(pair.target.device),
-            "precision": pair.precisions.as_dict(), "profile": profile.to_dict() if profile else None, **kept}
-
-
 def save_bench(path: str, result: dict, pair, config: DecodeConfig, *, profile=None, **settings) -> str:
     """Write a notebook's bench to `path` whole or not at all (``bench_args`` names the settings); returns the path."""
     if not str(path).endswith(".json"):
         raise ValueError(f"path must end in .json (a bench result), got {path!r}")
-    write_json(path, bench_record(result, pair, bench_args(pair, config, **settings), profile))
+    write_json(path, records.bench_record(result, pair, bench_args(pair, config, **settings), profile))
     return path

@@ -219,15 +219,11 @@ def with_provenance(rows: pd.DataFrame, notebook: str, point: Point) -> pd.DataF
     where its rows say (`target_dtype`, or a `precision` label "target bfloat16, draft int8"); else as the point asked
     (from its parameters or the notebook's defaults: "auto" where the rows do not say what auto chose)."""
     # torch comes with these: imported once a point is done, never for a dry run
-    from ..bench.machines import provenance
-    from ..models.capability import cpu_flags, device_name
+    from ..bench import machines
     from ..models.devices import resolve_device
 
     asked = notebook_defaults(notebook) | point.parameters
-    device = resolve_device(asked.get("device", "cpu"))
-    record = provenance(device)
-    columns = {"machine": record["machine"], "device_name": device_name(device), "flags": ";".join(cpu_flags()),
-               "commit": record["commit"], "date": record["date"]}
+    columns = machines.columns(resolve_device(asked.get("device", "cpu")))
     for i, role in enumerate(("target", "draft"), start=1):
         if "precision" in rows:
             columns[f"{role}_dtype"] = rows["precision"].map(
