@@ -6,7 +6,7 @@ loads: every argument error answers at once.
 """
 from __future__ import annotations
 
-from .names import AUTO, BACKUPS, METHOD_NAMES, PRECISION_CHOICES, PRECISIONS, STRATEGIES
+from .names import AUTO, BACKUPS, ENGINE_AR, METHOD_NAMES, PAIR_NAMES, PRECISION_CHOICES, PRECISIONS, STRATEGIES
 
 
 def is_auto(value) -> bool:
@@ -159,6 +159,22 @@ def parse_methods(spec: str) -> list[str]:
     if len(set(names)) < len(names):
         raise ValueError(f"methods names one twice: {spec!r}")
     return names
+
+
+def check_engine_methods(methods: list[str], pair: str, temperature: float, batch_size: int) -> None:
+    """llama.cpp's methods (ENGINE_AR) run a registered pair's GGUF files, greedy, one prompt a call: say so before
+    anything loads."""
+    names = [m for m in methods if parse_variant(m)[0] in ENGINE_AR]
+    if not names:
+        return
+    if pair not in PAIR_NAMES:
+        raise ValueError(f"pair={pair!r}: {names[0]} runs the GGUF files of a registered offline pair "
+                         f"({', '.join(PAIR_NAMES)})")
+    if temperature != 0:
+        raise ValueError(f"temperature={temperature}: {names[0]} runs greedy only (temperature 0)")
+    for name in names:
+        if parse_variant(name)[1].get("batch_size", batch_size) != 1:
+            raise ValueError(f"batch_size: {name} takes one prompt a call (batch_size 1)")
 
 
 def parse_budgets(spec: str) -> list[int]:

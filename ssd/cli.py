@@ -1,5 +1,5 @@
-"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | gpu-check |
-report."""
+"""Command line: python -m ssd generate | bench | hit-rates | sweep | course | profile | models | llamacpp |
+gpu-check | report."""
 from __future__ import annotations
 
 import argparse
@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "profiles (--store data), named by the pair, its precisions and the kind of machine; notebooks "
                     "read it there")
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
+    pr.add_argument("--engine", default="torch", choices=("torch", "llama.cpp"), help="whose kernels: torch, the "
+                    "kit's models at their precisions (default), or llama.cpp on the pair's GGUF files as they are "
+                    "(built into the user cache on first use, about 15 minutes on 2 cores)")
+    pr.add_argument("--llama-threads", type=int, default=1, help="with --engine llama.cpp: threads per model (1: "
+                    "a pipeline rank's one core; 2 on 2 cores: SD and AR as llama.cpp's tools run them; default 1)")
+
+    sub.add_parser("llamacpp", help="build llama.cpp (pinned, into the user cache) where it is not built, and say "
+                   "where it is")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
 
@@ -199,7 +207,8 @@ def check_arguments(args) -> None:
     if args.command == "generate":
         checks.check_method(args.method)
     elif args.command == "bench":
-        checks.parse_methods(args.methods)  # every variant's values too: ar:batch_size=0 fails here
+        methods = checks.parse_methods(args.methods)  # every variant's values too: ar:batch_size=0 fails here
+        checks.check_engine_methods(methods, args.pair, args.temperature, args.batch_size)
     elif args.command == "hit-rates":
         check_hit_rates(args)
     elif args.command == "sweep":
@@ -207,6 +216,10 @@ def check_arguments(args) -> None:
     elif args.command == "profile":
         checks.check_at_least(args.reps, "reps")
         checks.check_at_least(args.batch_size, "batch_size")
+        checks.check_at_least(args.llama_threads, "llama_threads")
+        if args.engine == "llama.cpp" and args.pair not in PAIR_NAMES:
+            raise ValueError(f"pair={args.pair!r}: --engine llama.cpp profiles the GGUF files of a registered pair "
+                             f"({', '.join(PAIR_NAMES)})")
     elif args.command == "report":
         check_report(args)
 

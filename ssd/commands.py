@@ -212,17 +212,38 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_llamacpp(args) -> None:
+    from .llamacpp import build
+
+    found = build.ensure()
+    print(f"llama.cpp (llama-cpp-python {build.VERSION}) built for this CPU in {found.folder}")
+    print(f"tools: {', '.join(str(found.tool(t)) for t in build.TOOLS)}")
+
+
 def cmd_profile(args) -> None:
+    if args.engine == "llama.cpp":
+        from .bench import profile_llamacpp
+
+        result = profile_llamacpp.measure(args.pair, threads=args.llama_threads, reps=args.reps,
+                                          batch_size=args.batch_size)
+        label = f"{result.precisions['target']}/{result.precisions['draft']} on llama.cpp"
+        return _show_profile(args, result, label)
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")
     pair = random_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype,
                        device=resolve_device(args.device)) if args.random_weights else load(args)
     result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps,
                              batch_size=args.batch_size)
+    _show_profile(args, result, pair.precisions.label)
+
+
+def _show_profile(args, result, label: str) -> None:
+    """Print a profile's curves and floors; keep it where asked (--json, --store) and draw it (--figure)."""
     frame = result.to_frame()
-    print(f"{pair.name}, {pair.precisions.label}; {capability_line(result.capability)}")
-    print(f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}, context {result.context}, "
-          f"batch size {result.batch_size} (every pass over that many rows)")
+    print(f"{result.pair}, {label}; {capability_line(result.capability)}")
+    where = (f"{len(result.verifier_cores)} thread(s) per model" if result.engine != "torch" else
+             f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}")
+    print(f"{where}, context {result.context}, batch size {result.batch_size} (every pass over that many rows)")
     print(frame.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     for role in ("target", "draft"):
         print(f"{role}: memory {result.bandwidth_gbs[role]:.1f} GB/s, a step reads {result.step_bytes[role] / 1e9:.2f} "
@@ -241,7 +262,7 @@ def cmd_profile(args) -> None:
 
         from .analysis import plots, style
 
-        fig = plots.latency_profile(frame.assign(label=pair.precisions.label), capability_line(result.capability))
+        fig = plots.latency_profile(frame.assign(label=label), capability_line(result.capability))
         print(f"wrote {style.save(fig, args.figure)}", file=sys.stderr)
         plt.close(fig)  # a command draws one figure; leave pyplot as it was
 

@@ -5,7 +5,11 @@ modules that implement them take their names from here (`tests/test_cli.py` chec
 DEFAULT_PAIR = "qwen2.5-coder"
 TINY_PAIR = "tiny"
 PAIR_NAMES = (DEFAULT_PAIR,)  # the registered offline pairs (ssd.models.loading.PAIRS)
-METHOD_NAMES = ("ar", "sd", "sd-1core", "ssd", "ssd-pipeline", "hf-ar", "hf-sd")  # ssd.bench.methods.METHODS, in order
+METHOD_NAMES = ("ar", "sd", "sd-1core", "ssd", "ssd-pipeline", "hf-ar", "hf-sd", "llamacpp-ar",
+                "llamacpp-sd")  # ssd.bench.methods.METHODS, in order
+# The methods of another engine than the kit's PyTorch one (ssd.llamacpp): a target of their own (llama.cpp runs the
+# GGUF weights as they are), so their answers are checked against that engine's AR, named here.
+ENGINE_AR = {"llamacpp-ar": "llamacpp-ar", "llamacpp-sd": "llamacpp-ar"}
 PRECISIONS = ("float32", "bfloat16", "float16", "int8")
 PRECISION_CHOICES = PRECISIONS + ("auto",)
 STRATEGIES = ("uniform", "geometric", "calibrated")

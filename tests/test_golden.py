@@ -99,9 +99,11 @@ def test_every_method_draws_the_pinned_tokens_and_rounds(pair, case):
 
 def test_the_golden_file_covers_every_method():
     from ssd.bench.methods import METHODS
+    from ssd.names import ENGINE_AR
 
     golden = json.loads(GOLDEN.read_text())
-    assert {method for _, method, _ in CASES} == set(METHODS)
+    # llama.cpp's methods run a registered pair's GGUF files, never the tiny pair (tests/test_llamacpp.py)
+    assert {method for _, method, _ in CASES} == set(METHODS) - set(ENGINE_AR)
     assert set(golden) == {key(c, t, s) for c, _, _ in CASES for t in TEMPERATURES for s in SEEDS}
 
 

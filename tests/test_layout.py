@@ -9,7 +9,7 @@ PACKAGE = pathlib.Path(ssd.__file__).parent
 # The torch-free leaves every layer may import (names, the checks of what a user gives, atomic files).
 LEAVES = ("names", "checks", "files")
 # The subpackages from the bottom up: each may import the leaves and those below it, never one above.
-LAYERS = ("core", "models", "pipeline", "bench", "analysis", "course")
+LAYERS = ("core", "models", "llamacpp", "pipeline", "bench", "analysis", "course")
 # The command line and its launchers sit on top of every layer.
 TOP = ("commands", "cli", "__main__", "execute", "torchrun")
 
@@ -100,7 +100,8 @@ def test_at_most_ten_modules_at_the_top_level():
 
 
 def test_imports_flow_one_way_through_the_layers():
-    """core < models < pipeline < bench < analysis < course < the command line; the leaves below them all."""
+    """core < models < llamacpp < pipeline < bench < analysis < course < the command line; the leaves below them
+    all."""
     order = {name: i for i, name in enumerate(LEAVES + LAYERS + TOP)}
     leaves = set(LEAVES)
     upward = []

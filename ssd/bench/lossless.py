@@ -109,6 +109,25 @@ def identity_report(tokens, reference, reference_rounds, precision: str) -> dict
     return report
 
 
+def text_identity(tokens, reference, reference_rounds, tokenizer, eos) -> dict:
+    """Greedy identity of two answers of an engine whose speculative tool hands its answer back as text (llama.cpp:
+    ``ssd.llamacpp.peers``, where the answer's tokens are that text tokenized again): the same text, the end of
+    generation aside, and both ended alike. Where not, the first token at which the two token lists part and the
+    reference AR's top-2 margin there; near_tie stays None (no rounding bound is stated for that engine's
+    quantized kernels: the margin is the evidence)."""
+    def text(answer):
+        answer = list(answer)
+        return tokenizer.decode(answer[:-1] if answer and answer[-1] in eos else answer, skip_special_tokens=False)
+
+    def ended(answer):
+        return bool(answer) and answer[-1] in eos
+
+    same = text(tokens) == text(reference) and ended(tokens) == ended(reference)
+    diff = None if same else first_difference(tokens, reference)
+    margin = reference_rounds[diff].margin if diff is not None and diff < len(reference_rounds) else None
+    return {"identical_to_target": same, "first_difference": diff, "margin_at_difference": margin, "near_tie": None}
+
+
 def identity_table(decoded: dict, precision: str, reference: str = "ar") -> pd.DataFrame:
     """identity_report for every prompt and method of experiments.decode results, {method: (runs, rounds, tokens)},
     against the reference method's tokens and rounds (AR: the target alone). One row per (prompt, method)."""

@@ -22,6 +22,7 @@ import torch
 from ..checks import check_method, is_auto, parse_variant
 from ..core.decoding import batchable, generate_ar, generate_sd
 from .peers import generate_hf_ar, generate_hf_sd
+from ..llamacpp.peers import generate_llamacpp_ar, generate_llamacpp_sd
 from ..core.speculation import generate_ssd
 from ..core.tuning import on_auto
 
@@ -56,6 +57,8 @@ METHODS = {
     "ssd-pipeline": generate_ssd_pipeline,  # SSD with the drafter in a second process / device (ssd.pipeline.launch)
     "hf-ar": generate_hf_ar,  # transformers' generate (peer)
     "hf-sd": generate_hf_sd,  # transformers' assisted generation (peer)
+    "llamacpp-ar": generate_llamacpp_ar,  # llama.cpp's target alone, on the GGUF files (peer, its own target)
+    "llamacpp-sd": generate_llamacpp_sd,  # llama.cpp's speculative decoding (peer, its own target)
 }
 
 

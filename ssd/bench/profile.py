@@ -211,7 +211,8 @@ def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", c
     machine (``ssd.models.capability.machine_kind``) and torch, the same cores, context and sizes, and every curve of
     this version. Its timings, date and commit do not count: they never repeat, even on the machine that measured it,
     and a curve measured at another commit still prices this one's passes."""
-    return (profile.pair == pair.name and profile.precisions.get("target") == pair.precisions.target
+    return (profile.engine == "torch" and profile.pair == pair.name
+            and profile.precisions.get("target") == pair.precisions.target
             and profile.precisions.get("draft") == pair.precisions.draft
             and _kind(profile) == machine_kind(pair.target.device)
             and profile.capability.get("torch") == capability()["torch"]
@@ -243,7 +244,8 @@ def stored_name(profile: Profile) -> str:
                       profile.context], sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     batch = f"_b{profile.batch_size}" if profile.batch_size != 1 else ""
-    return f"{profile.pair}_{profile.precisions['target']}_{profile.precisions['draft']}{batch}_{digest}.json"
+    engine = "" if profile.engine == "torch" else f"{profile.engine}_"
+    return f"{engine}{profile.pair}_{profile.precisions['target']}_{profile.precisions['draft']}{batch}_{digest}.json"
 
 
 def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:

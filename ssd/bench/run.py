@@ -22,15 +22,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.decoding import DecodeConfig, generate_ar
+from ..core.decoding import DecodeConfig
 from ..files import write_json
-from .lossless import identity_report
+from .lossless import identity_report, text_identity
 from ..checks import check_at_least, parse_variant
-from .methods import resolve, tunes
+from .methods import get_method, resolve, tunes
+from ..names import ENGINE_AR
 from .prompts import encode
 from ..core.trace import ForwardClock, Trace
 from ..core.tuning import Autotune, tuned_latencies
-from .summaries import PEERS, against_peers, by_category, is_ssd, profile_prediction, summarize, time_breakdown
+from .summaries import PARTNERS, against_peers, by_category, is_ssd, profile_prediction, summarize, time_breakdown
 
 
 def run_one(method: str, pair, prompt_ids, config: DecodeConfig, seed: int, autotune: Autotune | None = None
@@ -54,9 +55,24 @@ def run_batch(method: str, pair, contexts: list[list[int]], config: DecodeConfig
         start = time.perf_counter()
         answers, traces = generate(pair, contexts, config, generator)
         wall = time.perf_counter() - start
+    if parse_variant(method)[0] in ENGINE_AR:  # another engine loads its models in the call: its own clock starts after
+        wall = traces[0].wall_s
     forwards = _forwards(clock, wall)
-    return [(tokens, _row(method, tokens, trace, wall, len(contexts)) | forwards, trace)
+    return [(tokens, _row(method, tokens, trace, wall, len(contexts)) | forwards | _reported(trace), trace)
             for tokens, trace in zip(answers, traces)]
+
+
+def _reported(trace: Trace) -> dict:
+    """The round figures of an engine that reports only totals (Trace.reported), in the row's own columns."""
+    if not trace.reported:
+        return {}
+    got = trace.reported
+    rounds, drafted = got.get("rounds"), got["drafted"]
+    return {"drafted": drafted, "accepted": got["accepted"], "rounds": rounds, "drafting_rounds": rounds,
+            "mean_k": drafted / rounds if rounds else None, "mean_accepted": got["accepted"] / rounds if rounds else None,
+            "acceptance_rate": got["accepted"] / drafted if drafted else None,
+            "tokens_per_round": got["new_tokens"] / rounds if rounds else None,
+            "engine_new_tokens": got["new_tokens"]}
 
 
 def _forwards(clock: ForwardClock, wall: float) -> dict:
@@ -110,8 +126,8 @@ WARM_UP_TOKENS = 8  # on a CPU; a GPU warms up over a whole answer (warm_up)
 
 
 def answer_order(methods: list[str], j: int) -> list[str]:
-    """The order in which the methods give answer j. Each of ours runs next to its transformers peer (PEERS) where
-    both run, as a block: a slow spell of the machine (a minute or so here, hitting every method it overlaps) then
+    """The order in which the methods give answer j. Each of ours runs next to its transformers peer (PARTNERS; and
+    llama.cpp's SD next to its AR) where both run, as a block: a slow spell of the machine (a minute or so here, hitting every method it overlaps) then
     falls on both answers of a ratio or on neither. Before blocks, ar and hf-ar stood three answers apart in one
     prompt of four, and that quarter of the prompts held 40-81% of the spread of ar / hf-ar in the four peer benches
     on the AVX-512 CPU (data/peers_*.json). The blocks rotate from answer to answer, and within a block the first
@@ -120,7 +136,7 @@ def answer_order(methods: list[str], j: int) -> list[str]:
     for method in methods:
         if method in placed:
             continue
-        partner = PEERS.get(method) or next((ours for ours, peer in PEERS.items() if peer == method), None)
+        partner = PARTNERS.get(method) or next((ours for ours, peer in PARTNERS.items() if peer == method), None)
         block = [method] + ([partner] if partner in methods and partner not in placed else [])
         placed.update(block)
         blocks.append(block)
@@ -289,16 +305,23 @@ def _without_eos(tokens: list[int], eos) -> list[int]:
 def _report_identity(pair, config: DecodeConfig, rows: list[dict], runs, contexts: dict, seed: int) -> None:
     """Greedy runs: add to each row whether its tokens equal AR's alone (batch size 1) from the same context (where
     not, the first difference and AR's margin there). AR's own run serves where it ran that context alone; elsewhere
-    (no ar among the methods, ar in a batch, or a method whose earlier answer left AR's) an untimed AR run does."""
+    (no ar among the methods, ar in a batch, or a method whose earlier answer left AR's) an untimed AR run does.
+    Another engine's methods (ENGINE_AR: llama.cpp, whose target is the GGUF file itself) are held against that
+    engine's AR in the same way, their answers compared as text (``text_identity``)."""
     keys = [tuple(contexts[method][i]) for method, i, *_ in runs]
     if config.temperature > 0:
         for row in rows:
             row["identical_to_target"] = None
         return
-    references = {key: (tokens, trace) for key, (method, _, tokens, trace, _) in zip(keys, runs)
-                  if method == "ar" and trace.batch_size == 1}
-    for row, key, (_, _, tokens, _, _) in zip(rows, keys, runs):
-        if key not in references:
-            references[key] = generate_ar(pair, list(key), config, torch.Generator().manual_seed(seed))
-        reference, trace = references[key]
-        row.update(identity_report(tokens, reference, trace.rounds, pair.precisions.target))
+    references = {(method, key): (tokens, trace) for key, (method, _, tokens, trace, _) in zip(keys, runs)
+                  if method in ("ar", *ENGINE_AR.values()) and trace.batch_size == 1}
+    for row, key, (method, _, tokens, _, _) in zip(rows, keys, runs):
+        reference_method = ENGINE_AR.get(parse_variant(method)[0], "ar")  # another engine: its own AR
+        if (reference_method, key) not in references:
+            generate = get_method(reference_method)
+            references[reference_method, key] = generate(pair, list(key), config, torch.Generator().manual_seed(seed))
+        reference, trace = references[reference_method, key]
+        if reference_method == "ar":
+            row.update(identity_report(tokens, reference, trace.rounds, pair.precisions.target))
+        else:
+            row.update(text_identity(tokens, reference, trace.rounds, pair.tokenizer, pair.eos_token_ids))

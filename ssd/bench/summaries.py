@@ -9,6 +9,7 @@ import pandas as pd
 
 from .stats import MIN_CI_N, mean_ci, speedups
 from ..checks import is_auto, parse_variant
+from ..names import ENGINE_AR
 from .methods import resolve
 from ..core.theory import measured_theorem7, sd_from_profile, theorem7_from_profile
 from ..core.tuning import on_auto
@@ -16,6 +17,11 @@ from ..core.tuning import on_auto
 
 # Each of ours next to the transformers peer that does the same job.
 PEERS = {"ar": "hf-ar", "sd": "hf-sd"}
+# The methods a bench runs next to each other, as a block (run.answer_order): ours and its peer, llama.cpp's two.
+PARTNERS = {**PEERS, "llamacpp-sd": "llamacpp-ar"}
+# The ratios against_peers also reports: llama.cpp's SD over its own AR (the bar of a speculative method on that
+# engine), and llama.cpp's AR over ours (how far apart the two engines' kernels are).
+COMPARED = {**{ours: [peer] for ours, peer in PEERS.items()}, "llamacpp-sd": ["llamacpp-ar"], "llamacpp-ar": ["ar"]}
 
 # The per-category report's figures (means over answers) and their headers in the printed table.
 CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
@@ -59,6 +65,11 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                                      if decode.get("ar") and s["decode_tokens_per_s"] else None)
         peer = PEERS.get(s["method"])
         s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
+        own_ar = ENGINE_AR.get(s["method"])  # another engine's methods, over that engine's AR
+        if own_ar in tps and own_ar != s["method"]:
+            s["speedup_vs_engine_ar"] = s["tokens_per_s"] / tps[own_ar]
+            s["decode_speedup_vs_engine_ar"] = (s["decode_tokens_per_s"] / decode[own_ar]
+                                                if decode.get(own_ar) and s["decode_tokens_per_s"] else None)
     for name in tps:
         if rounds is None or not is_ssd(name):
             continue
@@ -133,11 +144,12 @@ def by_category(rows: pd.DataFrame) -> list[dict]:
 
 
 def against_peers(rows: pd.DataFrame) -> list[dict]:
-    """Each of ours over its transformers peer (PEERS) on the same answers, whole call and decode-only: the geometric
-    mean over answers of the ratio, with the 95% Student-t interval of the mean log ratio, exponentiated (none from
-    fewer than MIN_CI_N answers). One record per (method, measure) whose peer ran."""
+    """Each of ours over its transformers peer (PEERS), and llama.cpp's SD over its AR and its AR over ours
+    (COMPARED), on the same answers, whole call and decode-only: the geometric mean over answers of the ratio, with
+    the 95% Student-t interval of the mean log ratio, exponentiated (none from fewer than MIN_CI_N answers). One
+    record per (method, measure) whose peer ran."""
     out = []
-    for method, peer in PEERS.items():
+    for method, peer in [(m, p) for m, peers in COMPARED.items() for p in peers]:
         for value in ("tokens_per_s", "decode_tokens_per_s"):
             if value not in rows or not {method, peer} <= set(rows["method"]):
                 continue

@@ -34,6 +34,9 @@ class Profile:
     # it, and commit_is says so ("": the commit that measured it).
     commit: str = ""
     commit_is: str = ""
+    # Whose kernels ran the passes: "torch" (the kit's models) or "llama.cpp" (the GGUF files as they are,
+    # ssd.bench.profile_llamacpp; precisions are then GGUF types such as Q4_K_M, and a core set is a thread count)
+    engine: str = "torch"
 
     def __post_init__(self):
         # JSON keys come back as strings

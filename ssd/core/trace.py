@@ -95,6 +95,9 @@ class Trace:
     # wall_s, prefill_s and phase times are the batch's; tokens/s over a batch is its rows' tokens over one wall_s.
     batch_size: int = 1
     spans: list[Span] = field(default_factory=list)  # when each timed block ran (a batch's rows share them)
+    # An engine that keeps its rounds to itself (llama.cpp's speculative tool, ssd.llamacpp.peers) reports only their
+    # totals: drafted, accepted, rounds (target passes after the prompt's) and new_tokens. None: the rounds are here.
+    reported: dict | None = None
 
     @property
     def decode_s(self) -> float | None:

@@ -87,6 +87,21 @@ def join_parts(part_paths, expected_sha256: str, dest, *, name: str = "model", p
     return dest
 
 
+def gguf_file(spec: GGUFSpec, progress=True) -> pathlib.Path:
+    """The joined GGUF file itself, kept under cache_dir()/gguf for an engine that runs it as it is (llama.cpp,
+    ``ssd.llamacpp``): joined and checked once (the float32 cache above deletes its copy after dequantizing)."""
+    path = cache_dir() / "gguf" / f"{spec.slug}.gguf"
+    if path.is_file() and path.stat().st_size == spec.size:  # join_parts renames it into place only once checked
+        return path
+    paths = part_paths(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with cache_lock(f"gguf-{spec.slug}"):
+        if not (path.is_file() and path.stat().st_size == spec.size):
+            log(progress, f"joining parts of {spec.name} into {path}")
+            join_parts(paths, spec.sha256, path, name=spec.name, progress=progress)
+    return path
+
+
 def _is_complete(folder: pathlib.Path, spec: GGUFSpec) -> bool:
     try:
         return json.loads((folder / "complete.json").read_text())["sha256"] == spec.sha256
