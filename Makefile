@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures bench sweep lab test test-fast gpu-check report clean
+.PHONY: install run figures bench llamacpp sweep lab test test-fast gpu-check report clean
 
 install: $(STAMP)
 
@@ -44,6 +44,22 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --store data --figure figures/profile.png
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
 		--store data --figure figures/profile_float32.png
+
+# llama.cpp beside the kit on the same GGUF files (notebook 09, docs/engines.md), into data/<machine>/: llama.cpp built
+# once into the user cache (pinned; about 4 minutes on 2 cores), its latency profile with one thread per model and on
+# every core at b = 1, 2, 4, 8, 16 (about 10 minutes), then one bench per prompt set of ar, sd, llamacpp-ar and
+# llamacpp-sd side by side on 16 prompts x 48 tokens, greedy, K 4 (about 10 minutes each), and how far llama.cpp's
+# verify pass moves its greedy margins on the same prompts (its near-tie scale, 2 minutes each). About 40 minutes.
+llamacpp: $(STAMP)
+	$(BIN)/python -m ssd llamacpp
+	for t in 1 $$(nproc); do \
+		$(BIN)/python -m ssd profile --engine llama.cpp --llama-threads $$t --store data || exit 1; \
+		for b in 2 4 8 16; do $(BIN)/python -m ssd profile --engine llama.cpp --llama-threads $$t --batch-size $$b \
+			--reps 3 --store data || exit 1; done; done
+	for set in humaneval prose; do $(BIN)/python -m ssd bench --pair qwen2.5-coder --prompts $$set:16 \
+		--max-new-tokens 48 -k 4 --temperature 0 --methods ar,sd,llamacpp-ar,llamacpp-sd \
+		--json "data/{machine}/llamacpp_$$set.json" || exit 1; \
+		$(BIN)/python -m ssd llamacpp --drift $$set:16 --json "data/{machine}/llamacpp-drift_$$set.json" || exit 1; done
 
 # The sweeps behind docs/findings.md, into this kind of machine's folder data/<machine>/ (resumable: a rerun skips the
 # points already there). About 8 hours on a 2-core CPU: the Saguaro grid (six values of C) about 2 hours of it, the

@@ -141,8 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--llama-threads", type=int, default=1, help="with --engine llama.cpp: threads per model (1: "
                     "a pipeline rank's one core; 2 on 2 cores: SD and AR as llama.cpp's tools run them; default 1)")
 
-    sub.add_parser("llamacpp", help="build llama.cpp (pinned, into the user cache) where it is not built, and say "
-                   "where it is")
+    ll = sub.add_parser("llamacpp", help="build llama.cpp (pinned, into the user cache) where it is not built, and "
+                        "say where it is; with --drift, measure how far its verify pass moves its greedy margins")
+    ll.add_argument("--drift", default=None, metavar="PROMPTS", help="a prompt set (as bench's --prompts): the top-2 "
+                    "margin of llama.cpp's target in a one-token step against inside a pass over K + 1 tokens, at "
+                    "every position of its AR answers (what makes a difference a near-tie)")
+    ll.add_argument("--pair", default=DEFAULT_PAIR, help=f"the pair whose GGUF files (default {DEFAULT_PAIR})")
+    ll.add_argument("--draft-length", type=int, default=4, help="K: passes over K + 1 tokens (default 4)")
+    ll.add_argument("--answer-tokens", type=int, default=48, help="AR's answer length (default 48)")
+    ll.add_argument("--json", default=None, help="with --drift: write it here ({machine}: this kind of machine's "
+                    "folder name, e.g. 'data/{machine}/llamacpp_drift.json')")
 
     sub.add_parser("models", help="list the named pairs and the weight cache folder")
 
@@ -222,6 +230,21 @@ def check_arguments(args) -> None:
                              f"({', '.join(PAIR_NAMES)})")
     elif args.command == "report":
         check_report(args)
+    elif args.command == "llamacpp":
+        check_llamacpp(args)
+
+
+def check_llamacpp(args) -> None:
+    """llamacpp --drift: a registered pair, K and the answer's length at least 1, the prompts readable."""
+    if args.drift is None:
+        return
+    if args.pair not in PAIR_NAMES:
+        raise ValueError(f"pair={args.pair!r}: llama.cpp runs the GGUF files of a registered pair ({', '.join(PAIR_NAMES)})")
+    checks.check_at_least(args.draft_length, "draft_length")
+    checks.check_at_least(args.answer_tokens, "answer_tokens")
+    from .bench.prompts import load_prompts
+
+    load_prompts(args.drift)
 
 
 def check_report(args) -> None:

@@ -14,11 +14,12 @@ from .bench import run as bench
 from .bench.methods import get_method, tunes
 from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .checks import parse_budgets, parse_methods, parse_strategies, parse_variant
+from .core.decoding import DecodeConfig
 from .core.speculation import SSDConfig
 from .core.tuning import Autotune
 from .course import notebooks as course
 from .files import cache_dir, write_csv, write_json
-from .models.capability import capability_line
+from .models.capability import capability, capability_line
 from .models.cores import check_cores
 from .models.devices import drafter_device, resolve_device
 from .models.kernels import library_line
@@ -213,11 +214,28 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_llamacpp(args) -> None:
-    from .llamacpp import build
+    from .llamacpp import build, rounding
 
     found = build.ensure()
     print(f"llama.cpp (llama-cpp-python {build.VERSION}) built for this CPU in {found.folder}")
     print(f"tools: {', '.join(str(found.tool(t)) for t in build.TOOLS)}")
+    if not args.drift:
+        return
+    pair = load_pair(args.pair)  # its tokenizer and end tokens; llama.cpp runs the GGUF files themselves
+    prompts = [encode(pair.tokenizer, p) for p in load_prompts(args.drift)]
+    config = DecodeConfig(k=args.draft_length, max_new_tokens=args.answer_tokens)
+    result = rounding.measure(pair, prompts, config, torch.get_num_threads())
+    print(f"{result['positions']} positions: the top-2 margin moves by at most {result['max_drift']:.4f} (99th "
+          f"percentile {result['p99_drift']:.4f}) between a one-token step and a pass over K + 1 tokens; near-tie "
+          f"bound {result['near_tie_bound']:.4f}")
+    if args.json:
+        path = args.json.format(machine=machines.this_machine())
+        record = machines.provenance()
+        write_json(path, {"args": {"command": "llamacpp", "drift": args.drift, "draft_length": args.draft_length,
+                                   "answer_tokens": args.answer_tokens, "pair": args.pair},
+                          "kind": record["machine"], "commit": record["commit"], "date": record["date"],
+                          "capability": capability(), **result})
+        print(f"wrote {path}", file=sys.stderr)
 
 
 def cmd_profile(args) -> None:
@@ -226,7 +244,8 @@ def cmd_profile(args) -> None:
 
         result = profile_llamacpp.measure(args.pair, threads=args.llama_threads, reps=args.reps,
                                           batch_size=args.batch_size)
-        label = f"{result.precisions['target']}/{result.precisions['draft']} on llama.cpp"
+        label = (f"{result.precisions['target']}/{result.precisions['draft']} on llama.cpp, {args.llama_threads} "
+                 f"thread{'s' if args.llama_threads > 1 else ''}")
         return _show_profile(args, result, label)
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")

@@ -5,6 +5,7 @@ about 4 minutes on 2 cores) and skip, saying so, where it is not: `make test` ne
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -16,7 +17,7 @@ from ssd.bench.run import _reported
 from ssd.cli import main
 from ssd.core.latencies import Profile
 from ssd.core.trace import Trace
-from ssd.llamacpp import build
+from ssd.llamacpp import build, rounding
 from ssd.llamacpp.peers import parse_speculative
 from ssd.models.tiny import ToyTokenizer
 
@@ -92,6 +93,37 @@ def test_a_llama_cpp_profile_of_an_unregistered_pair_is_refused(capsys):
     assert "--engine llama.cpp profiles the GGUF files of a registered pair" in capsys.readouterr().err
 
 
+def test_the_drift_of_a_pair_not_shipped_as_gguf_is_refused_before_anything_loads(capsys):
+    assert main(["llamacpp", "--drift", "humaneval:2", "--pair", "tiny"]) == 2
+    assert "pair='tiny': llama.cpp runs the GGUF files of a registered pair" in capsys.readouterr().err
+
+
+class Positional:
+    """A stand-in engine whose logits depend only on the position they predict, plus `bias` on token 1 inside a
+    pass over several tokens: as if llama.cpp's pass added in another order than its step."""
+
+    def __init__(self, table, bias):
+        self.table, self.bias, self.last = np.asarray(table, dtype=np.float32), bias, []
+
+    def clear(self):
+        pass
+
+    def decode(self, tokens, positions, sequences, outputs):
+        shift = np.eye(self.table.shape[1], dtype=np.float32)[1] * (self.bias if len(tokens) > 1 else 0.0)
+        self.last = [self.table[p + 1 - 4] + shift for p in positions]  # a 4-token prompt: position 3 predicts 0
+
+    def logits(self, i):
+        return self.last[i]
+
+
+def test_the_margin_drift_is_the_pass_against_the_step_at_every_position():
+    # answer positions 0..2; tokens 0 and 1 lead at 0 and 2, tokens 2 and 3 at 1 (where token 1 is not in the top
+    # two). Position 0 comes from a pass over several tokens both ways (AR's first token is the prompt's pass's).
+    table = [[5.0, 4.0, 0.0, 0.0], [0.0, 0.0, 3.0, 2.5], [1.0, 0.9, 0.0, 0.0]]
+    drift = rounding.margin_drift(Positional(table, bias=0.25), [7, 7, 7, 7], [0, 2, 0], k=4)
+    assert drift == pytest.approx([0.0, 0.0, 0.25])
+
+
 def test_no_build_without_cmake_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
@@ -131,18 +163,27 @@ def test_a_llama_cpp_profile_keeps_its_engine_and_is_never_taken_for_the_kits():
 
 def bench_result(sd_rounds: int, llama_rounds: int) -> dict:
     rows = [{"method": "sd", "prompt_id": "p", "new_tokens": 48, "rounds": sd_rounds},
-            {"method": "llamacpp-sd", "prompt_id": "p", "new_tokens": 48, "rounds": llama_rounds}]
+            {"method": "llamacpp-sd", "prompt_id": "p", "new_tokens": 48, "engine_new_tokens": 52,
+             "rounds": llama_rounds, "wall_s": 3.4, "prefill_s": 1.0}]  # its tool decoded 52 tokens; 48 kept
     peers = [{"method": "llamacpp-sd", "peer": "llamacpp-ar", "measure": "decode_tokens_per_s", "answers": 16,
               "geometric_mean": 0.6, "ci": [0.55, 0.65]}]
     return {"rows": rows, "peers": peers}
 
 
 def test_sd_is_predicted_on_llama_cpp_from_its_profile_with_either_runs_tokens_per_round():
-    # c = 20 / 40 = 0.5 and v = 160 / 40 = 4: E / (4 c + v) = E / 6
+    # c = 20 / 40 = 0.5 and v = 160 / 40 = 4: E / (4 c + v) = E / 6; llama.cpp's round also runs the draft over the
+    # 5 tokens verified, g = glue(5) / step = 40 / 40 = 1: E / 7
     check = engines.sd_check(bench_result(sd_rounds=12, llama_rounds=16), toy_profile("llama.cpp", 2), k=4)
     assert list(check["tokens_per_round_from"]) == ["sd", "llamacpp-sd"]
-    assert check["predicted"].tolist() == pytest.approx([4 / 6, 3 / 6])
-    assert check["error"].tolist() == pytest.approx([(4 / 6) / 0.6 - 1, (3 / 6) / 0.6 - 1])
+    assert check["E"].tolist() == pytest.approx([48 / 12, 52 / 16])
+    assert check["predicted"].tolist() == pytest.approx([4 / 6, 3.25 / 6])
+    assert check["predicted_its_round"].tolist() == pytest.approx([4 / 7, 3.25 / 7])
+    assert check["error"].tolist() == pytest.approx([(4 / 6) / 0.6 - 1, (3.25 / 6) / 0.6 - 1])
+    assert check["error_its_round"].tolist() == pytest.approx([(4 / 7) / 0.6 - 1, (3.25 / 7) / 0.6 - 1])
+    # a round as the profile prices it, 7 steps of 40 ms; as the tool took it: 2.4 s x 52 / 48 over 16 rounds
+    assert check["round_ms_profile"].tolist() == pytest.approx([280, 280])
+    assert check["round_ms_tool"].iloc[0] == pytest.approx(2400 * 52 / 48 / 16)
+    assert check["round_ms_replayed"].isna().all()  # this toy profile replayed no round
     with pytest.raises(ValueError, match="no llamacpp-sd / llamacpp-ar ratio"):
         engines.sd_check(bench_result(12, 16) | {"peers": []}, toy_profile("llama.cpp", 2), k=4)
 
@@ -168,7 +209,7 @@ def test_the_study_is_priced_on_llama_cpps_profiles_at_every_b_timed():
     out = engines.study_on_engine(study, ranks, whole, k=4, budget=4)
     assert out["batch_size"].tolist() == [1]  # b = 2 has no profile (and no pipeline): left out
     row = out.iloc[0]
-    assert row["sd_predicted"] == pytest.approx(3 / 6)
+    assert row["sd_predicted"] == pytest.approx(3 / 6) and row["sd_predicted_its_round"] == pytest.approx(3 / 7)
     # every round a hit: T_p = (glue(5) + 4 x tree(4)) / verify(5) = (40 + 160) / 160; 3 tokens per max(1, T_p)
     assert row["t_p"] == pytest.approx(200 / 160)
     assert row["pipeline_tokens_per_s"] == pytest.approx(3 / (200 / 160) / 160 * 1000)

@@ -29,7 +29,7 @@ from ..checks import is_auto, parse_variant
 from ..bench.stats import mean_ci
 from ..core.latencies import Profile
 from ..core.theory import critical_batch_size, sd_from_profile, theorem7_from_profile
-from ..models.capability import capability_line, kind_of, kind_slug
+from ..models.capability import capability_line, kind_of
 
 # Where a call's time went (ssd.bench.run: the call's, the same on each of its rows): the target's forwards in this
 # process (for the pipeline, the verifier's), the first of them (the prompts' pass) and the rest of the call
@@ -160,17 +160,10 @@ def study_files(root: str, machine: str) -> list[str]:
 
 def study_machine(root: str, kind: dict, machine: str = "nearest") -> str:
     """The machine whose stored study to show: `machine`, a folder under `root` that keeps one, or with 'nearest' the
-    one nearest `kind` (``ssd.bench.machines.nearest``'s order: itself, then the most alike) among those that do."""
+    one nearest `kind` (``ssd.bench.machines.chosen``) among those that do."""
     keeping = [m for m in machines.stored_machines(root) if study_files(root, m)]
-    if machine != "nearest":
-        if machine not in keeping:
-            raise ValueError(f"machine must be 'nearest' or a folder of {root} that keeps a batch-size study "
-                             f"({', '.join(keeping) or 'none does'}); got {machine!r}")
-        return machine
-    if not keeping:
-        raise ValueError(f"no machine under {root} keeps a batch-size study ({SWEEP_TABLE}, or "
-                         f"{' and '.join(STUDY_BENCHES)})")
-    return max(keeping, key=lambda m: (m == kind_slug(kind), machines.similarity(kind, machines.kind_in(root, m))))
+    return machines.chosen(root, kind, machine, keeping,
+                           f"a batch-size study ({SWEEP_TABLE}, or {' and '.join(STUDY_BENCHES)})")
 
 
 def stored_study(root: str, machine: str) -> pd.DataFrame:

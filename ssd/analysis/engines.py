@@ -20,11 +20,16 @@ import os
 
 import pandas as pd
 
+from ..bench import machines
 from ..bench.profile import regime
+from ..bench.stats import speedups
 from ..core.latencies import Profile
 from ..core.theory import theorem7_from_profile
 
 LLAMA_CPP = "llama.cpp"
+BENCH_PREFIX = "llamacpp_"  # data/<machine>/llamacpp_<prompt set>.json: ar, sd, llamacpp-ar, llamacpp-sd side by side
+BENCH_PATTERN = f"{BENCH_PREFIX}*.json"
+DRIFT_PREFIX = "llamacpp-drift_"  # data/<machine>/llamacpp-drift_<prompt set>.json: python -m ssd llamacpp --drift
 SD_BAR = 0.15  # the issue's bar: SD's predicted speed-up on llama.cpp within 15% of the measured one
 PAYS = 1.1  # a method "pays" on an engine where predicted at least this much over that engine's AR
 
@@ -38,6 +43,34 @@ def stored_profiles(folder: str) -> list[Profile]:
         if isinstance(record, dict) and "target_ms" in record:
             found.append(Profile.from_dict(record))
     return found
+
+
+def bench_files(root: str, machine: str) -> dict[str, str]:
+    """A machine's benches of the two engines side by side (``BENCH_PATTERN``, one per prompt set), by prompt set."""
+    paths = sorted(glob.glob(os.path.join(root, machine, BENCH_PATTERN)))
+    return {os.path.basename(p)[len(BENCH_PREFIX) : -len(".json")]: p for p in paths}
+
+
+def engine_machines(root: str) -> list[str]:
+    """The machines under `root` that keep llama.cpp's profiles and at least one bench of both engines."""
+    return [m for m in machines.stored_machines(root) if bench_files(root, m)
+            and any(p.engine == LLAMA_CPP for p in stored_profiles(os.path.join(root, m, "profiles")))]
+
+
+def engine_machine(root: str, kind: dict, machine: str = "nearest") -> str:
+    """The machine whose two engines to show: `machine`, or with 'nearest' the one nearest `kind` (itself first)
+    among those that keep them (``engine_machines``, ``ssd.bench.machines.chosen``)."""
+    return machines.chosen(root, kind, machine, engine_machines(root),
+                           f"llama.cpp's profiles and a {BENCH_PATTERN} bench (make llamacpp measures them)")
+
+
+def load_benches(root: str, machine: str) -> dict[str, dict]:
+    """A machine's benches of both engines, {prompt set: the bench's JSON}."""
+    out = {}
+    for name, path in bench_files(root, machine).items():
+        with open(path) as f:
+            out[name] = json.load(f)
+    return out
 
 
 def threads_label(profile: Profile) -> str:
@@ -64,12 +97,14 @@ def engine_profiles(profiles: list[Profile], engine: str, threads: int) -> dict[
 
 
 def tokens_per_round(result: dict, method: str) -> float:
-    """A bench method's tokens per target pass after the prompt's, over all its answers: new tokens over rounds."""
+    """A bench method's tokens per round over all its answers: the tokens its rounds made over their number (for
+    llama.cpp's tool, every token it decoded, ``engine_new_tokens``, of which an answer keeps max_new_tokens)."""
     rows = pd.DataFrame(result["rows"])
     rows = rows[rows["method"] == method]
     if rows.empty:
         raise ValueError(f"the bench ran no {method}; it ran {sorted(set(pd.DataFrame(result['rows'])['method']))}")
-    return float(rows["new_tokens"].sum() / rows["rounds"].sum())
+    made = rows["engine_new_tokens"].fillna(rows["new_tokens"]) if "engine_new_tokens" in rows else rows["new_tokens"]
+    return float(made.sum() / rows["rounds"].sum())
 
 
 def measured_ratio(result: dict, method: str = "llamacpp-sd", peer: str = "llamacpp-ar",
@@ -82,25 +117,50 @@ def measured_ratio(result: dict, method: str = "llamacpp-sd", peer: str = "llama
 
 
 def sd_check(result: dict, profile: Profile, k: int) -> pd.DataFrame:
-    """SD's speed-up over AR on llama.cpp, predicted by E / (cK + v) on `profile` (llama.cpp's, on the threads its
-    tool ran on), against llamacpp-sd over llamacpp-ar measured (decode tokens/s, geometric mean over answers): one
-    row per source of E, the kit's SD (``sd``) and llama.cpp's own (``llamacpp-sd``), on the same prompts."""
+    """SD's speed-up over AR on llama.cpp, predicted on `profile` (llama.cpp's, on the threads its tool ran on)
+    against llamacpp-sd over llamacpp-ar measured (decode tokens/s, geometric mean over answers): one row per source
+    of E, the kit's SD (``sd``) and llama.cpp's own (``llamacpp-sd``), on the same prompts. Two predictions: the
+    kit's E / (cK + v), and llama.cpp's round as its tool runs it (``draft_pass``: besides its K draft steps, its
+    draft-simple drafter also runs the draft over every verify batch of K + 1 tokens, logits at the last: the
+    profile's glue curve)."""
     measured = measured_ratio(result)
     step = profile.target_at(1)
-    c, v = profile.draft_at(1) / step, profile.target_at(k + 1) / step
+    c, v, g = profile.draft_at(1) / step, profile.target_at(k + 1) / step, draft_pass(profile, k)
+    replayed = profile.round_ms["round"] if profile.round_ms and profile.round_ms.get("k") == k else None
     rows = []
     for source in ("sd", "llamacpp-sd"):
         e = tokens_per_round(result, source)
-        predicted = sd_speedup_e(e, k, c, v)
-        rows.append({"tokens_per_round_from": source, "E": e, "c": c, "v": v, "predicted": predicted,
-                     "measured": measured["geometric_mean"], "measured_ci": measured["ci"],
-                     "error": predicted / measured["geometric_mean"] - 1})
+        plain, its_round = sd_speedup_e(e, k, c, v), sd_speedup_e(e, k, c, v, g)
+        rows.append({"tokens_per_round_from": source, "E": e, "c": c, "v": v, "g": g, "predicted": plain,
+                     "predicted_its_round": its_round, "measured": measured["geometric_mean"],
+                     "measured_ci": measured["ci"], "error": plain / measured["geometric_mean"] - 1,
+                     "error_its_round": its_round / measured["geometric_mean"] - 1,
+                     "round_ms_profile": (c * k + g + v) * step, "round_ms_replayed": replayed,
+                     "round_ms_tool": tool_round_ms(result)})
     return pd.DataFrame(rows)
 
 
-def sd_speedup_e(e: float, k: int, c: float, v: float) -> float:
-    """E / (cK + v) given E itself (``theory.sd_speedup`` takes the acceptance rate)."""
-    return e / (c * k + v)
+def tool_round_ms(result: dict, method: str = "llamacpp-sd") -> float:
+    """ms a round of llama.cpp's speculative tool took in a bench: its decode time (all it decoded, the answers'
+    share scaled back up) over its rounds."""
+    rows = pd.DataFrame(result["rows"])
+    rows = rows[rows["method"] == method]
+    decode_s = (rows["wall_s"] - rows["prefill_s"]) * rows["engine_new_tokens"] / rows["new_tokens"]
+    return float(decode_s.sum() / rows["rounds"].sum() * 1000)
+
+
+def draft_pass(profile: Profile, k: int) -> float:
+    """g: llama.cpp's draft over a verify batch (K + 1 tokens, logits at the last), in target steps. Its
+    draft-simple drafter runs it every round (``common_speculative_process``: the draft keeps the target's batch in
+    its cache), then drafts K tokens one step at a time from the last target token; the kit's SD feeds its draft only
+    the tokens it has not seen, in its first draft step."""
+    return profile.glue_at(k + 1) / profile.target_at(1)
+
+
+def sd_speedup_e(e: float, k: int, c: float, v: float, g: float = 0.0) -> float:
+    """E / (cK + g + v) given E itself (``theory.sd_speedup`` takes the acceptance rate); g: a draft pass a round
+    adds beyond its K steps (0 for the kit's SD, ``draft_pass`` for llama.cpp's)."""
+    return e / (c * k + g + v)
 
 
 def study_on_engine(study: pd.DataFrame, ranks: dict[int, Profile], whole: dict[int, Profile], k: int,
@@ -121,11 +181,69 @@ def study_on_engine(study: pd.DataFrame, ranks: dict[int, Profile], whole: dict[
         priced = theorem7_from_profile(ranks[b], k, budget, ssd["run_p_hit"], ssd["run_e_hit"], ssd["run_e_miss"],
                                        "jit", ssd["run_all_hit"])
         ar = b * 1000 / step
-        rows.append({"prompts": prompts, "batch_size": b, "sd_E": e,
-                     "c": whole[b].draft_at(1) / step, "v": whole[b].target_at(k + 1) / step,
-                     "sd_predicted": sd_speedup_e(e, k, whole[b].draft_at(1) / step, whole[b].target_at(k + 1) / step),
+        c, v = whole[b].draft_at(1) / step, whole[b].target_at(k + 1) / step
+        rows.append({"prompts": prompts, "batch_size": b, "sd_E": e, "c": c, "v": v,
+                     "sd_predicted": sd_speedup_e(e, k, c, v),
+                     "sd_predicted_its_round": sd_speedup_e(e, k, c, v, draft_pass(whole[b], k)),
                      "p_hit": ssd["run_p_hit"], "all_hit": ssd["run_all_hit"], "t_p": priced["profile_t_p"],
                      "t_b": priced["profile_t_b"], "ar_tokens_per_s": ar,
                      "pipeline_tokens_per_s": priced["profile_tokens_per_s"],
                      "pipeline_predicted": priced["profile_tokens_per_s"] / ar})
     return pd.DataFrame(rows)
+
+
+def own_ar_ratios(results: dict[str, dict], value: str = "decode_tokens_per_s") -> pd.DataFrame:
+    """Per prompt set and prompt: each engine's SD over that engine's AR on the same prompt (sd / ar, llamacpp-sd /
+    llamacpp-ar), as ``plots.own_ar_speedups`` draws them."""
+    frames = []
+    for prompt_set, result in results.items():
+        rows = pd.DataFrame(result["rows"]).astype({value: float})
+        for method, own in (("sd", "ar"), ("llamacpp-sd", "llamacpp-ar")):
+            pair = rows[rows["method"].isin([method, own])]
+            frames.append(speedups(pair, own, value=value).assign(prompt_set=prompt_set))
+    return pd.concat(frames, ignore_index=True)
+
+
+def study_series(summary: pd.DataFrame, on_llama: pd.DataFrame, pipeline: str = "ssd-pipeline:jit") -> pd.DataFrame:
+    """The study's speed-ups over AR at each b, as ``plots.engine_study`` draws them: the kit's SD and pipeline
+    measured (decode tokens/s over AR's at that b, ``batch_study.by_batch_size``) beside llama.cpp's predicted
+    (``study_on_engine``)."""
+    rows = []
+    for (prompt_set, b), g in summary.groupby(["prompts", "batch_size"], sort=False):
+        rate = g.set_index("label")["decode_tokens_per_s"]
+        for label, method in (("sd", "sd"), (pipeline, "ssd-pipeline")):
+            if label in rate and "ar" in rate:
+                rows.append({"prompt_set": prompt_set, "batch_size": b, "method": method, "predicted": False,
+                             "series": f"{method}, torch (measured)", "speedup": rate[label] / rate["ar"]})
+    for _, r in on_llama.iterrows():
+        for column, method, how in (("sd_predicted_its_round", "llamacpp-sd", "E / (cK + g + v)"),
+                                    ("pipeline_predicted", "ssd-pipeline", "Theorem 7")):
+            rows.append({"prompt_set": r["prompts"], "batch_size": r["batch_size"], "method": method,
+                         "predicted": True, "series": f"{method.replace('llamacpp-', '')}, llama.cpp ({how})",
+                         "speedup": r[column]})
+    return pd.DataFrame(rows)
+
+
+def load_drift(root: str, machine: str) -> dict[str, dict]:
+    """A machine's measured drift of llama.cpp's greedy margins (``python -m ssd llamacpp --drift``), by prompt set."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, machine, f"{DRIFT_PREFIX}*.json"))):
+        with open(path) as f:
+            out[os.path.basename(path)[len(DRIFT_PREFIX) : -len(".json")]] = json.load(f)
+    return out
+
+
+def differences(results: dict[str, dict], drift: dict[str, dict]) -> pd.DataFrame:
+    """Every llama.cpp answer that is not its AR's: where it first differs, AR's top-2 margin there, and whether
+    that is a near-tie, within twice the largest drift measured on that prompt set (``ssd.llamacpp.rounding``)."""
+    rows = []
+    for name, result in results.items():
+        bound = drift[name]["near_tie_bound"] if name in drift else None
+        for row in result["rows"]:
+            if row["method"] in ("llamacpp-sd",) and not row["identical_to_target"]:
+                margin = row["margin_at_difference"]
+                rows.append({"prompt_set": name, "prompt_id": row["prompt_id"], "first_difference":
+                             row["first_difference"], "margin": margin, "near_tie_bound": bound,
+                             "near_tie": None if bound is None or margin is None else margin <= bound})
+    return pd.DataFrame(rows, columns=["prompt_set", "prompt_id", "first_difference", "margin", "near_tie_bound",
+                                       "near_tie"])

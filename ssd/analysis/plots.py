@@ -293,21 +293,27 @@ def speedups(frame: pd.DataFrame, baseline: str = "ar", group: str | None = "pro
     groups, methods = ordered(frame["_group"]), [str(m) for m in ordered(frame["method"])]
     frame = frame.assign(method=frame["method"].astype(str))
     s = summarise(frame, ["_group", "method"], "speedup").set_index(["_group", "method"])
-    width = 0.8 / len(methods)
     with styled():
         fig, ax = plt.subplots()
-        pal = method_colours(methods)
-        for i, method in enumerate(methods):
-            m = s.reindex(pd.MultiIndex.from_product([groups, [method]]))
-            x = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
-            ax.bar(x, m["mean"].to_numpy(float), width=width * 0.95, color=pal[method], alpha=0.9, label=method,
-                   yerr=error_bars(m), capsize=4)
+        grouped_bars(ax, s, groups, methods)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{baseline} (= 1)")
-        ax.set_xticks(np.arange(len(groups)))
-        ax.set_xticklabels(groups)
         ax.set(xlabel=group or "", ylabel=f"speed-up over {baseline}", title=f"Wall clock: speed-up over {baseline}")
         legend_outside(ax, f"method\n({ci_label(s.reset_index())})")
     return fig
+
+
+def grouped_bars(ax, s: pd.DataFrame, groups: list, methods: list[str], suffix: str = "") -> dict[str, np.ndarray]:
+    """One bar per method in each group, in the method's colour, mean ± CI (`s`: ``summarise``'s frame indexed by
+    group and method); the groups' names under them. Returns each method's bar positions."""
+    width, pal, xs = 0.8 / len(methods), method_colours(methods), {}
+    for i, method in enumerate(methods):
+        m = s.reindex(pd.MultiIndex.from_product([groups, [method]]))
+        xs[method] = np.arange(len(groups)) + (i - (len(methods) - 1) / 2) * width
+        ax.bar(xs[method], m["mean"].to_numpy(float), width=width * 0.95, color=pal[method], alpha=0.9,
+               label=method + suffix, yerr=error_bars(m), capsize=4)
+    ax.set_xticks(np.arange(len(groups)))
+    ax.set_xticklabels(groups)
+    return xs
 
 
 # --- latency profile -----------------------------------------------------------------------------------------------
@@ -448,5 +454,58 @@ def batch_study(summary: pd.DataFrame, title: str, crossover: dict | None = None
             ax.set_xticklabels([str(int(b)) for b in b_values])
             legend_outside(ax)
         fig.suptitle(title)
+        fig.tight_layout()
+    return fig
+
+
+# --- two engines on one machine (notebook 09) -----------------------------------------------------------------------
+
+def own_ar_speedups(frame: pd.DataFrame, predicted: pd.DataFrame | None = None, predicted_label: str = "predicted"):
+    """Each speculative method over its own engine's AR on the same prompt (sd over ar, llamacpp-sd over
+    llamacpp-ar): bars of the mean over prompts ± CI per prompt set, a dashed line at 1, and a diamond per
+    (prompt set, method) for its prediction where `predicted` gives one. Columns prompt_set, prompt_id, method,
+    speedup; predicted: prompt_set, method, predicted."""
+    check_frame(frame, ["prompt_set", "prompt_id", "method", "speedup"], "own_ar_speedups")
+    groups, methods = ordered(frame["prompt_set"]), [str(m) for m in ordered(frame["method"])]
+    s = summarise(frame, ["prompt_set", "method"], "speedup").set_index(["prompt_set", "method"])
+    with styled():
+        fig, ax = plt.subplots()
+        xs = grouped_bars(ax, s, groups, methods, " measured")
+        at = predicted.set_index(["prompt_set", "method"])["predicted"] if predicted is not None else pd.Series()
+        marked = False
+        for method, x in xs.items():
+            p = at.reindex(pd.MultiIndex.from_product([groups, [method]])).to_numpy(float)
+            if (have := ~np.isnan(p)).any():
+                ax.plot(x[have], p[have], "D", color="black", markersize=7, label=None if marked else predicted_label)
+                marked = True
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set(xlabel="prompt set", ylabel="decode speed-up over its engine's AR",
+               title=f"SD over its own engine's AR\n({ci_label(s.reset_index())})")
+        legend_outside(ax)
+    return fig
+
+
+def engine_study(frame: pd.DataFrame):
+    """Speed-up over its own engine's AR against the batch size b, one panel per prompt set: a line per series
+    (e.g. "sd, torch (measured)", "ssd-pipeline, llama.cpp (Theorem 7)"), solid where measured and dashed where
+    predicted, coloured by method; a dashed line at 1 and a dotted one at 1.1 (where a method pays). Columns
+    prompt_set, batch_size, method, series, predicted (bool), speedup."""
+    check_frame(frame, ["prompt_set", "batch_size", "method", "series", "predicted", "speedup"], "engine_study")
+    groups = ordered(frame["prompt_set"])
+    pal = method_colours(ordered(frame["method"]))
+    with styled():
+        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), sharey=True, squeeze=False)
+        for ax, group in zip(axes[0], groups):
+            g = frame[frame["prompt_set"] == group]
+            for series in ordered(g["series"]):
+                line = g[g["series"] == series].sort_values("batch_size")
+                ax.plot(line["batch_size"], line["speedup"], "o--" if line["predicted"].iloc[0] else "o-",
+                        color=pal[line["method"].iloc[0]], label=series)
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+            ax.axhline(1.1, color="black", linestyle=":", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set(xlabel="batch size b", ylabel="speed-up over its engine's AR", title=str(group), ylim=(0, None))
+        legend_outside(axes[0][-1], "solid: measured; dashed: predicted")
         fig.tight_layout()
     return fig

@@ -34,9 +34,10 @@ NO_CI_LABEL = f"mean over prompts; no interval from fewer than {MIN_CI_N} prompt
 CAPTION_GAP_PT = 6
 
 # One colour per method through the whole course (colorblind palette): the baselines in earth tones, SD in blues,
-# SSD in orange and green. A variant ("ar:batch_size=8", "ssd-pipeline:backup=fast") takes its method's hue, in a
+# SSD in orange and green, llama.cpp's AR and SD in yellow and red. A variant ("ar:batch_size=8", "ssd-pipeline:backup=fast") takes its method's hue, in a
 # shade of its own where several variants of one method share a figure.
-METHOD_COLOURS = {"ar": 7, "hf-ar": 5, "sd": 0, "sd-1core": 9, "hf-sd": 4, "ssd": 1, "ssd-pipeline": 2}
+METHOD_COLOURS = {"ar": 7, "hf-ar": 5, "sd": 0, "sd-1core": 9, "hf-sd": 4, "ssd": 1, "ssd-pipeline": 2, "llamacpp-ar": 8,
+                  "llamacpp-sd": 3}
 
 
 

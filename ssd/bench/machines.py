@@ -117,6 +117,21 @@ def nearest(kind: dict, root: str = DATA, having: str | None = None) -> str | No
     return max(candidates, key=lambda m: (m == exact, similarity(kind, kind_in(root, m))))
 
 
+def chosen(root: str, kind: dict, machine: str, keeping: list[str], what: str) -> str:
+    """The machine whose stored `what` a notebook shows: `machine` where it is one of `keeping` (the folders under
+    `root` that hold it), or with 'nearest' the one of them nearest `kind` (itself first); else a one-line error
+    naming what is kept where."""
+    if machine != "nearest":
+        if machine not in keeping:
+            raise ValueError(f"machine must be 'nearest' or a folder of {root} that keeps {what} "
+                             f"({', '.join(keeping) or 'none does'}); got {machine!r}")
+        return machine
+    if not keeping:
+        raise ValueError(f"no machine under {root} keeps {what}")
+    exact = kind_slug(kind)
+    return max(keeping, key=lambda m: (m == exact, similarity(kind, kind_in(root, m))))
+
+
 def describe(root: str, machine: str) -> str:
     """One line naming a stored machine for a caption: 'AMD EPYC, AVX512 (avx2, avx512_bf16, ...)'."""
     from ..models.capability import kind_line

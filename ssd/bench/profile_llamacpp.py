@@ -9,13 +9,16 @@ row a sequence of its own that shares the context's cache entries (``Engine.copy
 argmaxed (the draw); and the glue step, the draft's pass over n tokens with logits at the last. llama.cpp sizes its
 thread pool per context, so a profile's core set is its thread count (the process is not pinned: on an idle machine
 one thread runs alone on a core, as each rank of the pipeline would); one on one thread per model prices the
-pipeline's ranks, one on every core SD and AR on the whole machine, as llama.cpp's tools run them.
+pipeline's ranks, one on every core SD and AR on the whole machine, as llama.cpp's tools run them. At b = 1 it also
+replays one round of llama.cpp's speculative tool on the two engines (``replay_round``): what the curves add up to
+once the models take turns, beside what the tool's rounds take in a bench (``ssd.analysis.engines.sd_check``).
 """
 from __future__ import annotations
 
 import time
 
 import gguf
+import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.latencies import Profile
@@ -29,6 +32,7 @@ from .profile import DRAFT_ROWS, TARGET_TOKENS, memory_bandwidth_gbs
 
 ENGINE = "llama.cpp"
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a tree at batch size b keeps b x rows within it
+REPLAYED_K = 4  # the K of the speculative round a b = 1 profile replays (the benches' K)
 
 
 def gguf_type(path) -> str:
@@ -107,6 +111,38 @@ def glue_curve(engine: Engine, sizes, context: int, reps: int, batch: int) -> di
     return round_robin_ms(sizes, reps, "cpu", run, undo)
 
 
+def replay_round(target: Engine, draft: Engine, k: int, context: int, reps: int) -> dict:
+    """One round of llama.cpp's speculative tool (draft-simple) replayed on these engines, ms (median of reps after
+    a warm-up): the draft's pass over the batch the target verified (K + 1 tokens, logits at the last), K draft
+    steps each argmaxed, the target's pass over K + 1 tokens with every position argmaxed; both caches cut back to the
+    context after each. What the profile's curves add up to once the two models take turns on the same cores."""
+    _filled(target, 1, context)
+    _filled(draft, 1, context)
+    batch, positions = [(23 * i + 9) % target.n_vocab for i in range(k + 1)], list(range(context, context + k + 1))
+    times = {"process": [], "draft": [], "verify": [], "round": []}
+    for rep in range(reps + 1):
+        start = time.perf_counter()
+        draft.decode(batch, positions, [0] * (k + 1), [False] * k + [True])
+        processed = time.perf_counter()
+        draft.remove(0, context)
+        token = batch[0]
+        for i in range(k):
+            draft.decode([token], [context + i], [0], [True])
+            token = draft.argmax(0)
+        drafted = time.perf_counter()
+        target.decode(batch, positions, [0] * (k + 1), [True] * (k + 1))
+        for i in range(k + 1):
+            target.argmax(i)
+        verified = time.perf_counter()
+        target.remove(0, context)
+        draft.remove(0, context)
+        if rep:
+            for key, seconds in (("process", processed - start), ("draft", drafted - processed),
+                                 ("verify", verified - drafted), ("round", verified - start)):
+                times[key].append(seconds)
+    return {"k": k} | {key: float(np.median(v) * 1000) for key, v in times.items()}
+
+
 def measure(pair: str, *, threads: int = 1, tokens=TARGET_TOKENS, rows=DRAFT_ROWS, context: int = CONTEXT,
             reps: int = 5, progress: bool = True, batch_size: int = 1) -> Profile:
     """llama.cpp's profile of a registered GGUF pair (by name) on `threads` threads per model, every pass over
@@ -115,17 +151,18 @@ def measure(pair: str, *, threads: int = 1, tokens=TARGET_TOKENS, rows=DRAFT_ROW
     rows = tuple(n for n in rows if batch_size * n <= MAX_SEQUENCES)
     bar = tqdm(total=2 * len(tokens) + len(rows), desc=f"llama.cpp profile, {threads} thread(s)", disable=not progress)
     size = context + max(tokens) + 8
-    with Engine(build, target_file, threads=threads, n_ctx=batch_size * size, sequences=batch_size,
-                n_batch=max(512, batch_size * max(tokens))) as target:
-        target_ms = target_curve(target, tokens, context, reps, batch_size)
-    bar.update(len(tokens))
     trees = batch_size * max(rows)
-    with Engine(build, draft_file, threads=threads, n_ctx=context + trees + batch_size * size, sequences=trees,
+    with Engine(build, target_file, threads=threads, n_ctx=batch_size * size, sequences=batch_size,
+                n_batch=max(512, batch_size * max(tokens))) as target, \
+         Engine(build, draft_file, threads=threads, n_ctx=context + trees + batch_size * size, sequences=trees,
                 n_batch=max(512, trees, batch_size * max(tokens))) as draft:
+        target_ms = target_curve(target, tokens, context, reps, batch_size)
+        bar.update(len(tokens))
         draft_ms = tree_curve(draft, rows, context, reps, batch_size)
         bar.update(len(rows))
         glue = glue_curve(draft, tokens, context, reps, batch_size)
         bar.update(len(tokens))
+        round_ms = replay_round(target, draft, REPLAYED_K, context, reps) if batch_size == 1 else None
     bar.close()
     cores = list(range(threads))
     bandwidth = memory_bandwidth_gbs()  # the same memory either model reads from
@@ -133,4 +170,5 @@ def measure(pair: str, *, threads: int = 1, tokens=TARGET_TOKENS, rows=DRAFT_ROW
     return Profile(pair, kinds, capability() | {"llama_cpp_python": VERSION}, cores, cores, context, target_ms,
                    draft_ms, {"target": bandwidth, "draft": bandwidth},
                    {"target": gguf_step_bytes(target_file), "draft": gguf_step_bytes(draft_file)},
-                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size, commit=commit(), engine=ENGINE)
+                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size, commit=commit(), engine=ENGINE,
+                   round_ms=round_ms)

@@ -37,6 +37,10 @@ class Profile:
     # Whose kernels ran the passes: "torch" (the kit's models) or "llama.cpp" (the GGUF files as they are,
     # ssd.bench.profile_llamacpp; precisions are then GGUF types such as Q4_K_M, and a core set is a thread count)
     engine: str = "torch"
+    # llama.cpp at b = 1: one round of its speculative tool replayed on its engine, ms (median): its draft's pass over
+    # the K + 1 tokens verified, K draft steps, the target's verify pass, and the whole round; "k": the K replayed.
+    # None: not replayed (the kit's engine, b > 1)
+    round_ms: dict | None = None
 
     def __post_init__(self):
         # JSON keys come back as strings

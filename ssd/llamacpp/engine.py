@@ -101,9 +101,14 @@ class Engine:
         """The greedy token after batch position i, its logit and its lead over the runner-up (a near-tie where
         small: another way of computing the logits, a pass over several tokens, may pick the other)."""
         logits = self.logits(i)
-        second, first = np.argpartition(logits, -2)[-2:]
         token = int(np.argmax(logits))  # the first of equal maxima, as argmax everywhere else
-        return token, float(logits[first]), float(logits[first] - logits[second])
+        top = float(logits[token])
+        # the runner-up as the largest of the rest: two passes over the vocabulary, 0.03 ms for Qwen's 151,936
+        # logits where a partition takes 1.7 (5% of llama.cpp's step on two cores, which AR's clock would carry)
+        logits[token] = -np.inf
+        second = float(logits.max())
+        logits[token] = top  # llama.cpp's own buffer: as it was
+        return token, top, top - second
 
     def remove(self, sequence: int, start: int, end: int = -1) -> None:
         """Drop a sequence's entries at positions [start, end) (end -1: to its end)."""
