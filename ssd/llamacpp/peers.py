@@ -8,8 +8,8 @@ int8 model): its answers are checked against ``llamacpp-ar`` (``ssd.bench.lossle
 
 Each call loads its models afresh (llama.cpp maps the file: a fraction of a second once the page cache holds it) and
 times what llama.cpp does after loading, as the kit's methods are timed after theirs: the prompt's pass, then the
-decode. ``llamacpp-sd`` reports its rounds only as totals (drafted, accepted, target passes), which its trace carries
-in ``reported``.
+decode. ``llamacpp-sd`` reports its rounds only as totals (tokens drafted, accepted and decoded, from which its
+rounds follow), which its trace carries in ``reported``.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def generate_llamacpp_sd(pair, prompts, config, generator: torch.Generator):
     # The tool may run a round past max_new_tokens (it drafts a full K in its last rounds): keep the first
     # max_new_tokens, as every method does, and time them at the tool's own rate over all it decoded.
     kept = min(len(answer), config.max_new_tokens)
-    decode_s = run["decode_s"] * kept / len(answer) if answer else run["decode_s"]
+    decode_s = run["decode_s"] * min(1.0, kept / run["new_tokens"]) if run["new_tokens"] else run["decode_s"]
     trace = Trace("llamacpp-sd", prompt_len=len(prompt), wall_s=run["prompt_s"] + decode_s,
                   prefill_s=run["prompt_s"], prefill_tokens=0)
     trace.reported = {key: run[key] for key in ("drafted", "accepted", "rounds", "new_tokens")}
