@@ -161,15 +161,20 @@ def parse_methods(spec: str) -> list[str]:
     return names
 
 
+def check_gguf_pair(pair: str, who: str) -> None:
+    """llama.cpp (``who``: a method or a command) runs the GGUF files of a registered offline pair, nothing else."""
+    if pair not in PAIR_NAMES:
+        raise ValueError(f"pair={pair!r}: {who} runs the GGUF files of a registered offline pair "
+                         f"({', '.join(PAIR_NAMES)}), not a hub pair or the tiny one")
+
+
 def check_engine_methods(methods: list[str], pair: str, temperature: float, batch_size: int) -> None:
     """llama.cpp's methods (ENGINE_AR) run a registered pair's GGUF files, greedy, one prompt a call: say so before
     anything loads."""
     names = [m for m in methods if parse_variant(m)[0] in ENGINE_AR]
     if not names:
         return
-    if pair not in PAIR_NAMES:
-        raise ValueError(f"pair={pair!r}: {names[0]} runs the GGUF files of a registered offline pair "
-                         f"({', '.join(PAIR_NAMES)})")
+    check_gguf_pair(pair, names[0])
     if temperature != 0:
         raise ValueError(f"temperature={temperature}: {names[0]} runs greedy only (temperature 0)")
     for name in names:

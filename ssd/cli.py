@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--figure", default=None, help="draw the curves into this PNG")
     pr.add_argument("--engine", default="torch", choices=("torch", "llama.cpp"), help="whose kernels: torch, the "
                     "kit's models at their precisions (default), or llama.cpp on the pair's GGUF files as they are "
-                    "(built into the user cache on first use, about 15 minutes on 2 cores)")
+                    "(built into the user cache on first use, about 4 minutes on 2 cores)")
     pr.add_argument("--llama-threads", type=int, default=1, help="with --engine llama.cpp: threads per model (1: "
                     "a pipeline rank's one core; 2 on 2 cores: SD and AR as llama.cpp's tools run them; default 1)")
 
@@ -225,9 +225,8 @@ def check_arguments(args) -> None:
         checks.check_at_least(args.reps, "reps")
         checks.check_at_least(args.batch_size, "batch_size")
         checks.check_at_least(args.llama_threads, "llama_threads")
-        if args.engine == "llama.cpp" and args.pair not in PAIR_NAMES:
-            raise ValueError(f"pair={args.pair!r}: --engine llama.cpp profiles the GGUF files of a registered pair "
-                             f"({', '.join(PAIR_NAMES)})")
+        if args.engine == "llama.cpp":
+            checks.check_gguf_pair(args.pair, "profile --engine llama.cpp")
     elif args.command == "report":
         check_report(args)
     elif args.command == "llamacpp":
@@ -238,8 +237,7 @@ def check_llamacpp(args) -> None:
     """llamacpp --drift: a registered pair, K and the answer's length at least 1, the prompts readable."""
     if args.drift is None:
         return
-    if args.pair not in PAIR_NAMES:
-        raise ValueError(f"pair={args.pair!r}: llama.cpp runs the GGUF files of a registered pair ({', '.join(PAIR_NAMES)})")
+    checks.check_gguf_pair(args.pair, "llamacpp --drift")
     checks.check_at_least(args.draft_length, "draft_length")
     checks.check_at_least(args.answer_tokens, "answer_tokens")
     from .bench.prompts import load_prompts

@@ -90,12 +90,13 @@ def test_llama_cpp_methods_refuse_what_they_cannot_run_before_anything_loads(arg
 
 def test_a_llama_cpp_profile_of_an_unregistered_pair_is_refused(capsys):
     assert main(["profile", "--engine", "llama.cpp", "--pair", "tiny"]) == 2
-    assert "--engine llama.cpp profiles the GGUF files of a registered pair" in capsys.readouterr().err
+    assert "pair='tiny': profile --engine llama.cpp runs the GGUF files of a registered offline pair" in \
+        capsys.readouterr().err
 
 
 def test_the_drift_of_a_pair_not_shipped_as_gguf_is_refused_before_anything_loads(capsys):
     assert main(["llamacpp", "--drift", "humaneval:2", "--pair", "tiny"]) == 2
-    assert "pair='tiny': llama.cpp runs the GGUF files of a registered pair" in capsys.readouterr().err
+    assert "pair='tiny': llamacpp --drift runs the GGUF files of a registered offline pair" in capsys.readouterr().err
 
 
 class Positional:

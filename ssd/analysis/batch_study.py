@@ -16,7 +16,6 @@ all-hit rate beside p_hit^b, the crossover b* of the two backups and SD's break-
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from ..bench import machines
 from ..bench.summaries import summarize
 from ..checks import is_auto, parse_variant
 from ..bench.stats import mean_ci
+from ..bench.profile import profiles_in
 from ..core.latencies import Profile
 from ..core.theory import critical_batch_size, sd_from_profile, theorem7_from_profile
 from ..models.capability import capability_line, kind_of
@@ -129,16 +129,7 @@ def _prices(s: dict, summary: list[dict], profiles: dict[int, Profile], args: di
 def batch_profiles(folder: str, like: Profile) -> dict[int, Profile]:
     """The profiles among a folder's JSON files (data/<machine>/profiles) that time what `like` times (the pair at
     its precisions, the kind of machine, the cores and the context) at any batch size, by their batch size."""
-    found = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        with open(path) as f:
-            record = json.load(f)
-        if not isinstance(record, dict) or "target_ms" not in record:
-            continue  # not a profile
-        profile = Profile.from_dict(record)
-        if _timing(profile) == _timing(like):
-            found[profile.batch_size] = profile
-    return found
+    return {p.batch_size: p for p in profiles_in(folder) if _timing(p) == _timing(like)}
 
 
 def _timing(profile: Profile) -> tuple:

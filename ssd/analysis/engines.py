@@ -21,40 +21,37 @@ import os
 import pandas as pd
 
 from ..bench import machines
-from ..bench.profile import regime
+from ..bench.profile import profiles_in, regime
 from ..bench.stats import speedups
 from ..core.latencies import Profile
-from ..core.theory import theorem7_from_profile
+from ..core.theory import sd_from_profile, theorem7_from_profile
 
 LLAMA_CPP = "llama.cpp"
 BENCH_PREFIX = "llamacpp_"  # data/<machine>/llamacpp_<prompt set>.json: ar, sd, llamacpp-ar, llamacpp-sd side by side
 BENCH_PATTERN = f"{BENCH_PREFIX}*.json"
 DRIFT_PREFIX = "llamacpp-drift_"  # data/<machine>/llamacpp-drift_<prompt set>.json: python -m ssd llamacpp --drift
-SD_BAR = 0.15  # the issue's bar: SD's predicted speed-up on llama.cpp within 15% of the measured one
 PAYS = 1.1  # a method "pays" on an engine where predicted at least this much over that engine's AR
 
 
-def stored_profiles(folder: str) -> list[Profile]:
-    """Every profile among a folder's JSON files (data/<machine>/profiles), the kit's and llama.cpp's."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+def by_prompt_set(root: str, machine: str, prefix: str) -> dict[str, str]:
+    """A machine's files named PREFIX<prompt set>.json (``BENCH_PREFIX``, ``DRIFT_PREFIX``), by prompt set."""
+    paths = sorted(glob.glob(os.path.join(root, machine, f"{prefix}*.json")))
+    return {os.path.basename(p)[len(prefix) : -len(".json")]: p for p in paths}
+
+
+def read_by_prompt_set(root: str, machine: str, prefix: str) -> dict[str, dict]:
+    """Those files' JSON, by prompt set."""
+    out = {}
+    for name, path in by_prompt_set(root, machine, prefix).items():
         with open(path) as f:
-            record = json.load(f)
-        if isinstance(record, dict) and "target_ms" in record:
-            found.append(Profile.from_dict(record))
-    return found
-
-
-def bench_files(root: str, machine: str) -> dict[str, str]:
-    """A machine's benches of the two engines side by side (``BENCH_PATTERN``, one per prompt set), by prompt set."""
-    paths = sorted(glob.glob(os.path.join(root, machine, BENCH_PATTERN)))
-    return {os.path.basename(p)[len(BENCH_PREFIX) : -len(".json")]: p for p in paths}
+            out[name] = json.load(f)
+    return out
 
 
 def engine_machines(root: str) -> list[str]:
     """The machines under `root` that keep llama.cpp's profiles and at least one bench of both engines."""
-    return [m for m in machines.stored_machines(root) if bench_files(root, m)
-            and any(p.engine == LLAMA_CPP for p in stored_profiles(os.path.join(root, m, "profiles")))]
+    return [m for m in machines.stored_machines(root) if by_prompt_set(root, m, BENCH_PREFIX)
+            and any(p.engine == LLAMA_CPP for p in profiles_in(os.path.join(root, m, "profiles")))]
 
 
 def engine_machine(root: str, kind: dict, machine: str = "nearest") -> str:
@@ -66,11 +63,7 @@ def engine_machine(root: str, kind: dict, machine: str = "nearest") -> str:
 
 def load_benches(root: str, machine: str) -> dict[str, dict]:
     """A machine's benches of both engines, {prompt set: the bench's JSON}."""
-    out = {}
-    for name, path in bench_files(root, machine).items():
-        with open(path) as f:
-            out[name] = json.load(f)
-    return out
+    return read_by_prompt_set(root, machine, BENCH_PREFIX)
 
 
 def threads_label(profile: Profile) -> str:
@@ -120,22 +113,23 @@ def sd_check(result: dict, profile: Profile, k: int) -> pd.DataFrame:
     """SD's speed-up over AR on llama.cpp, predicted on `profile` (llama.cpp's, on the threads its tool ran on)
     against llamacpp-sd over llamacpp-ar measured (decode tokens/s, geometric mean over answers): one row per source
     of E, the kit's SD (``sd``) and llama.cpp's own (``llamacpp-sd``), on the same prompts. Two predictions: the
-    kit's E / (cK + v), and llama.cpp's round as its tool runs it (``draft_pass``: besides its K draft steps, its
-    draft-simple drafter also runs the draft over every verify batch of K + 1 tokens, logits at the last: the
-    profile's glue curve)."""
-    measured = measured_ratio(result)
-    step = profile.target_at(1)
-    c, v, g = profile.draft_at(1) / step, profile.target_at(k + 1) / step, draft_pass(profile, k)
+    kit's E / (cK + v), and llama.cpp's round as its tool runs it, E / (cK + g + v) (``theory.sd_from_profile``'s
+    draft_pass: besides its K draft steps, its draft-simple drafter also runs the draft over every verify batch of
+    K + 1 tokens, logits at the last: the profile's glue curve)."""
+    record = measured_ratio(result)
+    measured = record["geometric_mean"], record["ci"]
     replayed = profile.round_ms["round"] if profile.round_ms and profile.round_ms.get("k") == k else None
     rows = []
     for source in ("sd", "llamacpp-sd"):
         e = tokens_per_round(result, source)
-        plain, its_round = sd_speedup_e(e, k, c, v), sd_speedup_e(e, k, c, v, g)
-        rows.append({"tokens_per_round_from": source, "E": e, "c": c, "v": v, "g": g, "predicted": plain,
-                     "predicted_its_round": its_round, "measured": measured["geometric_mean"],
-                     "measured_ci": measured["ci"], "error": plain / measured["geometric_mean"] - 1,
-                     "error_its_round": its_round / measured["geometric_mean"] - 1,
-                     "round_ms_profile": (c * k + g + v) * step, "round_ms_replayed": replayed,
+        plain, its_round = sd_from_profile(profile, k, e), sd_from_profile(profile, k, e, draft_pass=True)
+        c, v, g = its_round["profile_c"], its_round["profile_v"], its_round["profile_g"]
+        rows.append({"tokens_per_round_from": source, "E": e, "c": c, "v": v, "g": g,
+                     "predicted": plain["profile_speedup_vs_ar"],
+                     "predicted_its_round": its_round["profile_speedup_vs_ar"], "measured": measured[0],
+                     "measured_ci": measured[1], "error": plain["profile_speedup_vs_ar"] / measured[0] - 1,
+                     "error_its_round": its_round["profile_speedup_vs_ar"] / measured[0] - 1,
+                     "round_ms_profile": (c * k + g + v) * profile.target_at(1), "round_ms_replayed": replayed,
                      "round_ms_tool": tool_round_ms(result)})
     return pd.DataFrame(rows)
 
@@ -147,20 +141,6 @@ def tool_round_ms(result: dict, method: str = "llamacpp-sd") -> float:
     rows = rows[rows["method"] == method]
     decode_s = (rows["wall_s"] - rows["prefill_s"]) * rows["engine_new_tokens"] / rows["new_tokens"]
     return float(decode_s.sum() / rows["rounds"].sum() * 1000)
-
-
-def draft_pass(profile: Profile, k: int) -> float:
-    """g: llama.cpp's draft over a verify batch (K + 1 tokens, logits at the last), in target steps. Its
-    draft-simple drafter runs it every round (``common_speculative_process``: the draft keeps the target's batch in
-    its cache), then drafts K tokens one step at a time from the last target token; the kit's SD feeds its draft only
-    the tokens it has not seen, in its first draft step."""
-    return profile.glue_at(k + 1) / profile.target_at(1)
-
-
-def sd_speedup_e(e: float, k: int, c: float, v: float, g: float = 0.0) -> float:
-    """E / (cK + g + v) given E itself (``theory.sd_speedup`` takes the acceptance rate); g: a draft pass a round
-    adds beyond its K steps (0 for the kit's SD, ``draft_pass`` for llama.cpp's)."""
-    return e / (c * k + g + v)
 
 
 def study_on_engine(study: pd.DataFrame, ranks: dict[int, Profile], whole: dict[int, Profile], k: int,
@@ -181,10 +161,10 @@ def study_on_engine(study: pd.DataFrame, ranks: dict[int, Profile], whole: dict[
         priced = theorem7_from_profile(ranks[b], k, budget, ssd["run_p_hit"], ssd["run_e_hit"], ssd["run_e_miss"],
                                        "jit", ssd["run_all_hit"])
         ar = b * 1000 / step
-        c, v = whole[b].draft_at(1) / step, whole[b].target_at(k + 1) / step
-        rows.append({"prompts": prompts, "batch_size": b, "sd_E": e, "c": c, "v": v,
-                     "sd_predicted": sd_speedup_e(e, k, c, v),
-                     "sd_predicted_its_round": sd_speedup_e(e, k, c, v, draft_pass(whole[b], k)),
+        plain, its_round = sd_from_profile(whole[b], k, e), sd_from_profile(whole[b], k, e, draft_pass=True)
+        rows.append({"prompts": prompts, "batch_size": b, "sd_E": e, "c": plain["profile_c"], "v": plain["profile_v"],
+                     "sd_predicted": plain["profile_speedup_vs_ar"],
+                     "sd_predicted_its_round": its_round["profile_speedup_vs_ar"],
                      "p_hit": ssd["run_p_hit"], "all_hit": ssd["run_all_hit"], "t_p": priced["profile_t_p"],
                      "t_b": priced["profile_t_b"], "ar_tokens_per_s": ar,
                      "pipeline_tokens_per_s": priced["profile_tokens_per_s"],
@@ -226,11 +206,7 @@ def study_series(summary: pd.DataFrame, on_llama: pd.DataFrame, pipeline: str = 
 
 def load_drift(root: str, machine: str) -> dict[str, dict]:
     """A machine's measured drift of llama.cpp's greedy margins (``python -m ssd llamacpp --drift``), by prompt set."""
-    out = {}
-    for path in sorted(glob.glob(os.path.join(root, machine, f"{DRIFT_PREFIX}*.json"))):
-        with open(path) as f:
-            out[os.path.basename(path)[len(DRIFT_PREFIX) : -len(".json")]] = json.load(f)
-    return out
+    return read_by_prompt_set(root, machine, DRIFT_PREFIX)
 
 
 def differences(results: dict[str, dict], drift: dict[str, dict]) -> pd.DataFrame:

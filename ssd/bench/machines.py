@@ -111,8 +111,11 @@ def nearest(kind: dict, root: str = DATA, having: str | None = None) -> str | No
     """The stored machine whose kind is nearest `kind` (itself where stored), among those whose folder holds the
     file `having` where one is named; None where no folder qualifies."""
     candidates = [m for m in stored_machines(root) if having is None or os.path.exists(os.path.join(root, m, having))]
-    if not candidates:
-        return None
+    return _nearest_of(candidates, kind, root) if candidates else None
+
+
+def _nearest_of(candidates: list[str], kind: dict, root: str) -> str:
+    """Of stored machines, the one whose kind is nearest `kind`: itself, then the most alike (``similarity``)."""
     exact = kind_slug(kind)
     return max(candidates, key=lambda m: (m == exact, similarity(kind, kind_in(root, m))))
 
@@ -128,8 +131,7 @@ def chosen(root: str, kind: dict, machine: str, keeping: list[str], what: str) -
         return machine
     if not keeping:
         raise ValueError(f"no machine under {root} keeps {what}")
-    exact = kind_slug(kind)
-    return max(keeping, key=lambda m: (m == exact, similarity(kind, kind_in(root, m))))
+    return _nearest_of(keeping, kind, root)
 
 
 def describe(root: str, machine: str) -> str:

@@ -265,6 +265,17 @@ def save(profile: Profile, path) -> None:
         json.dump(profile.to_dict(), f, indent=1)
 
 
+def profiles_in(folder: str) -> list[Profile]:
+    """Every profile among a folder's JSON files (data/<machine>/profiles: the kit's and llama.cpp's), by name."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        if isinstance(record, dict) and "target_ms" in record:
+            found.append(Profile.from_dict(record))
+    return found
+
+
 def load(path) -> Profile:
     with open(path) as f:
         return Profile.from_dict(json.load(f))

@@ -60,14 +60,16 @@ def _filled(engine: Engine, sequences: int, context: int) -> None:
         engine.copy(0, seq)
 
 
-def target_curve(engine: Engine, sizes, context: int, reps: int, batch: int) -> dict[int, float]:
-    """ms of a pass over n tokens in each of `batch` sequences after the context, every position's logits kept."""
+def pass_curve(engine: Engine, sizes, context: int, reps: int, batch: int, every: bool = True) -> dict[int, float]:
+    """ms of a pass over n tokens in each of `batch` sequences after the context: with every, each position's logits
+    kept (the target's verify pass); else each sequence's last (the draft's glue step)."""
     _filled(engine, batch, context)
 
     def run(n):
         seqs = [s for s in range(batch) for _ in range(n)]
         positions = [context + i for _ in range(batch) for i in range(n)]
-        engine.decode([(13 * p + 5) % engine.n_vocab for p in positions], positions, seqs, [True] * len(seqs))
+        outputs = [every or i == n - 1 for _ in range(batch) for i in range(n)]
+        engine.decode([(13 * p + 5) % engine.n_vocab for p in positions], positions, seqs, outputs)
 
     def undo(n):
         for s in range(batch):
@@ -92,23 +94,6 @@ def tree_curve(engine: Engine, rows, context: int, reps: int, batch: int) -> dic
             engine.remove(s, context)
 
     return round_robin_ms(rows, reps, "cpu", run, undo)
-
-
-def glue_curve(engine: Engine, sizes, context: int, reps: int, batch: int) -> dict[int, float]:
-    """ms of the draft's pass over n tokens in each of `batch` sequences, logits at each sequence's last."""
-    _filled(engine, batch, context)
-
-    def run(n):
-        seqs = [s for s in range(batch) for _ in range(n)]
-        positions = [context + i for _ in range(batch) for i in range(n)]
-        outputs = [i == n - 1 for _ in range(batch) for i in range(n)]
-        engine.decode([(19 * p + 1) % engine.n_vocab for p in positions], positions, seqs, outputs)
-
-    def undo(n):
-        for s in range(batch):
-            engine.remove(s, context)
-
-    return round_robin_ms(sizes, reps, "cpu", run, undo)
 
 
 def replay_round(target: Engine, draft: Engine, k: int, context: int, reps: int) -> dict:
@@ -156,11 +141,11 @@ def measure(pair: str, *, threads: int = 1, tokens=TARGET_TOKENS, rows=DRAFT_ROW
                 n_batch=max(512, batch_size * max(tokens))) as target, \
          Engine(build, draft_file, threads=threads, n_ctx=context + trees + batch_size * size, sequences=trees,
                 n_batch=max(512, trees, batch_size * max(tokens))) as draft:
-        target_ms = target_curve(target, tokens, context, reps, batch_size)
+        target_ms = pass_curve(target, tokens, context, reps, batch_size)
         bar.update(len(tokens))
         draft_ms = tree_curve(draft, rows, context, reps, batch_size)
         bar.update(len(rows))
-        glue = glue_curve(draft, tokens, context, reps, batch_size)
+        glue = pass_curve(draft, tokens, context, reps, batch_size, every=False)
         bar.update(len(tokens))
         round_ms = replay_round(target, draft, REPLAYED_K, context, reps) if batch_size == 1 else None
     bar.close()

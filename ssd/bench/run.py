@@ -127,8 +127,8 @@ WARM_UP_TOKENS = 8  # on a CPU; a GPU warms up over a whole answer (warm_up)
 
 def answer_order(methods: list[str], j: int) -> list[str]:
     """The order in which the methods give answer j. Each of ours runs next to its transformers peer (PARTNERS; and
-    llama.cpp's SD next to its AR) where both run, as a block: a slow spell of the machine (a minute or so here, hitting every method it overlaps) then
-    falls on both answers of a ratio or on neither. Before blocks, ar and hf-ar stood three answers apart in one
+    llama.cpp's SD next to its AR) where both run, as a block: a slow spell of the machine (a minute or so here,
+    hitting every method it overlaps) then falls on both answers of a ratio or on neither. Before blocks, ar and hf-ar stood three answers apart in one
     prompt of four, and that quarter of the prompts held 40-81% of the spread of ar / hf-ar in the four peer benches
     on the AVX-512 CPU (data/peers_*.json). The blocks rotate from answer to answer, and within a block the first
     alternates, so no method always runs first or always after the same one."""

@@ -141,14 +141,19 @@ def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: flo
             "profile_tokens_per_s": batch_size(profile) * per_verify / verify_ms * 1000}
 
 
-def sd_from_profile(profile, k: int, e: float) -> dict:
+def sd_from_profile(profile, k: int, e: float, draft_pass: bool = False) -> dict:
     """SD's speed-up over AR at the profile's batch size: E / (c K + v) with E the tokens a round yields per sequence
     (measured), c a draft step over a target step and v a verify pass over K + 1 tokens per sequence in target steps,
     all timed over the profile's b rows (so v grows with b once a pass over b (K + 1) tokens stops costing one
-    step). The profile times one core per model; SD runs both on two, so the ratio, not the rate, carries over."""
+    step). The profile times one core per model; SD runs both on two, so the ratio, not the rate, carries over.
+    draft_pass: a round also runs the draft over the K + 1 tokens verified (llama.cpp's drafter does, to keep its
+    cache in step; the kit's feeds its draft only the tokens it has not seen), g target steps (the glue curve at
+    K + 1): E / (c K + g + v)."""
     step = profile.target_at(1)
     c, v = profile.draft_at(1) / step, profile.target_at(k + 1) / step
-    return {"profile_c": c, "profile_v": v, "profile_speedup_vs_ar": e / (c * k + v)}
+    g = profile.glue_at(k + 1) / step if draft_pass else 0.0
+    return {"profile_c": c, "profile_v": v, **({"profile_g": g} if draft_pass else {}),
+            "profile_speedup_vs_ar": e / (c * k + g + v)}
 
 
 def batch_size(latencies) -> int:

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from ..checks import check_gguf_pair
 from ..core.decoding import batchable, check_prompts
 from ..core.trace import Round, Trace
 from ..models.gguf_store import gguf_file
@@ -32,11 +33,8 @@ CONTEXT_SLACK = 16  # context beyond prompt + new tokens: a speculative round ma
 
 def gguf_pair(name: str) -> tuple:
     """(target, draft) GGUF files of a pair shipped as GGUF (the registered offline pairs), joined on first use."""
-    spec = PAIRS.get(name)
-    if spec is None:
-        raise ValueError(f"pair={name!r}: llama.cpp runs the GGUF files of a registered offline pair "
-                         f"({', '.join(PAIRS)}), not a hub pair or the tiny one")
-    return gguf_file(spec.target), gguf_file(spec.draft)
+    check_gguf_pair(name, "llama.cpp")
+    return gguf_file(PAIRS[name].target), gguf_file(PAIRS[name].draft)
 
 
 def _one_greedy(method: str, prompts: list, config) -> None:
