@@ -19,7 +19,7 @@ _EXPORTS = {
     "DecodeConfig": "core.decoding", "generate_ar": "core.decoding", "generate_sd": "core.decoding",
     "SSDConfig": "core.speculation", "generate_ssd": "core.speculation", "Autotune": "core.tuning",
     "PipelineConfig": "pipeline.launch", "generate_ssd_pipeline": "pipeline.launch",
-    "close_pipelines": "pipeline.launch",
+    "close_pipeline": "pipeline.launch", "close_pipelines": "pipeline.launch",
     "METHODS": "bench.methods", "get_method": "bench.methods",
     "Pair": "models.pair", "load_pair": "models.loading", "tiny_pair": "models.tiny",
     "Prompt": "bench.prompts", "encode": "bench.prompts", "load_prompts": "bench.prompts",

@@ -125,7 +125,7 @@ def test_the_drafter_takes_the_next_gpu_or_says_there_is_none(monkeypatch, two_g
 def test_a_pipeline_draft_device_that_is_not_here_fails_before_a_drafter_starts(no_gpu):
     with pytest.raises(ValueError, match="draft_device='cuda:1' but torch.cuda.is_available"):
         Pipeline(tiny_pair(), draft_device="cuda:1")
-    assert not ssd.pipeline.launch._open
+    assert not ssd.pipeline.launch.open_pipelines()
 
 
 def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(monkeypatch, capsys, no_gpu):

@@ -1,7 +1,7 @@
 """The two-rank SSD pipeline on tiny random pairs: the same tokens as one-process SSD, and faults that end both ranks.
 
 Each Pipeline spawns a drafter process (a few seconds: a fresh interpreter imports torch and transformers), so the
-correctness tests share one through generate_ssd_pipeline's cache, and each fault test starts its own.
+correctness tests share the one that the module's pair keeps (pair.pipeline), and each fault test starts its own.
 """
 import _thread
 import functools
@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import ssd.bench.methods
-import ssd.pipeline.launch
 from ssd.bench.run import run_one
 from ssd.bench.summaries import summarize
 from ssd.cli import build_parser, main
@@ -31,7 +30,8 @@ from ssd.models.loading import load_pair
 from ssd.models.pair import Pair
 from ssd.models.tiny import tiny_pair
 from ssd.models.cores import parse_cores
-from ssd.pipeline.launch import Pipeline, PipelineConfig, close_pipelines, generate_ssd_pipeline, pipeline_for
+from ssd.pipeline.launch import (Pipeline, PipelineConfig, close_pipeline, close_pipelines, generate_ssd_pipeline,
+                                 open_pipelines, pipeline_for)
 from ssd.pipeline.transport import PipelineError
 from ssd.core.speculation import SSDConfig, generate_ssd
 from ssd.pipeline.protocol import clock_offset
@@ -190,6 +190,39 @@ def test_the_method_keeps_one_drafter_across_calls_and_close_stops_it(pair):
     assert pipeline.drafter.cores == [int(DRAFTER)] and pipeline.drafter.threads == 1
     close_pipelines()
     assert pipeline.closed and pipeline.process.exitcode == 0  # asked to stop, it stopped by itself
+    assert pair.pipeline is None and not open_pipelines()
+
+
+@pytest.mark.integration
+def test_two_pairs_never_share_a_drafter():
+    """Each pair keeps its own Pipeline: the second pair's call closes the first's (one process group per process)
+    and starts its own drafter, even once the caller has dropped the first pair: nothing is looked up by id()."""
+    close_pipelines()
+    cfg = config(k=3, max_new_tokens=8, budget=4)
+    first = tiny_pair(**PAIR_ARGS)
+    generate_ssd_pipeline(first, [1, 2], cfg, torch.Generator())
+    kept = first.pipeline
+    del first  # its Pipeline stays open (it owns the drafter and the process group) until another makes it close
+    second = tiny_pair(**PAIR_ARGS)
+    tokens, _ = generate_ssd_pipeline(second, [1, 2, 3], cfg, torch.Generator())
+    assert second.pipeline is not kept and second.pipeline.pair is second
+    assert kept.closed and kept.process.exitcode == 0 and kept.pair.pipeline is None
+    assert second.pipeline.process.pid != kept.process.pid and open_pipelines() == [second.pipeline]
+    assert tokens == generate_ar(second, [1, 2, 3], cfg, torch.Generator())[0]
+    close_pipelines()
+
+
+@pytest.mark.integration
+def test_close_pipeline_closes_that_pairs_pipeline(pair):
+    cfg = config(k=3, max_new_tokens=8, budget=4)
+    generate_ssd_pipeline(pair, [1, 2], cfg, torch.Generator())
+    kept = pair.pipeline
+    close_pipeline(pair)
+    assert kept.closed and kept.process.exitcode == 0 and pair.pipeline is None and not open_pipelines()
+    close_pipeline(pair)  # none kept: nothing to do
+    generate_ssd_pipeline(pair, [1, 2], cfg, torch.Generator())  # the next call opens another
+    assert pair.pipeline not in (None, kept) and open_pipelines() == [pair.pipeline]
+    close_pipeline(pair)
 
 
 @pytest.mark.integration
@@ -282,7 +315,7 @@ def test_bad_pipeline_arguments_fail_before_a_drafter_starts(pair):
         generate_ssd_pipeline(pair, [1], DecodeConfig(), torch.Generator())
     with pytest.raises(ValueError, match="prompt_ids holds ids outside the vocabulary"):
         generate_ssd_pipeline(pair, [99], config(), torch.Generator())
-    assert ssd.pipeline.launch._cached is None and not ssd.pipeline.launch._open  # none of it started a drafter
+    assert pair.pipeline is None and not open_pipelines()  # none of it started a drafter
 
 
 def test_cli_refuses_bad_cores_and_an_unknown_pair(capsys):
@@ -321,7 +354,7 @@ def act(fault: str) -> None:
 
 
 def start(fault: str, after: int, **options) -> Pipeline:
-    close_pipelines()  # one process group per process: the shared pipeline makes way
+    close_pipelines()  # one process group per process: the pipeline a pair keeps makes way
     source = functools.partial(sabotaged_pair, fault, after)
     return Pipeline(tiny_pair(**PAIR_ARGS), verifier_cores=VERIFIER, drafter_cores=DRAFTER, draft_source=source,
                     **options)
@@ -341,7 +374,7 @@ def assert_ended(pipeline, started: float, within_s: float):
 def test_a_drafter_that_raises_while_loading_is_reported_with_its_traceback():
     with pytest.raises(PipelineError, match="(?s)exited with code 1.*RuntimeError: the draft failed on purpose"):
         start("raise", 0)
-    assert not ssd.pipeline.launch._open
+    assert not open_pipelines()
 
 
 @pytest.mark.integration
@@ -381,7 +414,7 @@ def test_a_drafter_that_hangs_while_loading_times_out():
     # Starting the interpreter and loading the draft each get load_timeout_s; on a busy machine either may run out.
     with pytest.raises(PipelineError, match="(did not start|no reply) within load_timeout_s=6 s"):
         start("hang", 0, load_timeout_s=6)
-    assert time.monotonic() - started < 15 and not ssd.pipeline.launch._open
+    assert time.monotonic() - started < 15 and not open_pipelines()
 
 
 @pytest.mark.integration

@@ -26,6 +26,11 @@ class Pair:
     source: object = None
     # What each model runs at and why (ssd.models.auto_precision.Precisions); recorded with every measurement.
     precisions: Precisions = field(default_factory=lambda: fixed("float32", "float32", why="loaded as given"))
+    # The two-rank pipeline generate_ssd_pipeline keeps for this pair between calls (a
+    # ssd.pipeline.launch.Pipeline, which sets and clears it; close_pipeline(pair) closes it), None while there is
+    # none. On the pair, so that two pairs never share a drafter; not an argument, so dataclasses.replace gives the
+    # copy none of its own.
+    pipeline: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # Speculative sampling compares the two models' distributions index by index: one vocabulary or nothing.

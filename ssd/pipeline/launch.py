@@ -35,7 +35,6 @@ import socket
 import sys
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -144,8 +143,25 @@ def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision:
 
 # ---- rank 0: the verifier's side of the life ------------------------------------------------------------------
 
-_open: weakref.WeakSet = weakref.WeakSet()  # every Pipeline not yet closed, for close_pipelines at exit
-_torchrun_joined = False  # did this torchrun rank 0 ever join rank 1 (see stop_unused_torchrun_drafter)
+class _Process:
+    """What the pipeline knows of this process, kept apart from any pair because it is the process's, not a pair's:
+
+    - open: every Pipeline not yet closed. torch.distributed has one default process group per process, so one
+      Pipeline is open at a time and the next opens only once it has closed (pipeline_for closes a pair's kept one
+      first); close_pipelines, run at interpreter exit, must reach it to stop its drafter. Held, not weakly: an open
+      Pipeline owns a process and the process group, so it lives until closed even if its pair is dropped.
+    - joined_torchrun: whether this rank 0 of a torchrun job ever joined rank 1, which waits for it once per job
+      whichever pair it serves (stop_unused_torchrun_drafter).
+
+    Nothing here is ever handed to a pair: a pair keeps its own Pipeline (Pair.pipeline).
+    """
+
+    def __init__(self):
+        self.open: set[Pipeline] = set()
+        self.joined_torchrun = False
+
+
+_process = _Process()
 
 
 class Pipeline:
@@ -167,6 +183,7 @@ class Pipeline:
         check_seconds(load_timeout_s, "load_timeout_s")
         rank = env_rank()
         self.pair, self.timeout_s = pair, float(timeout_s)
+        self.options = (verifier_cores, drafter_cores, self.timeout_s)  # as given: pipeline_for reopens on others
         self.verifier_cores = check_cores(verifier_cores, "verifier_cores")
         if rank is None:
             check_cores(drafter_cores, "drafter_cores")
@@ -192,7 +209,7 @@ class Pipeline:
         both = sorted(set(self.verifier_cores) | set(parse_cores(drafter_cores, "drafter_cores"))) if local else []
         self.first_cores = tuple(both) if len(both) > len(self.verifier_cores) else ()
         self.drafter: Ready | None = None  # what rank 1 reported when ready: host, pid, device, cores, threads
-        _open.add(self)
+        _process.open.add(self)
         with self._end_both_on_error():
             if rank is None:
                 self._spawn(source, drafter_cores, draft_device, backend, load_timeout_s)
@@ -226,12 +243,11 @@ class Pipeline:
         self.channel.peer_gone = self._drafter_gone
 
     def _join_torchrun(self, backend: str, load_timeout_s: float) -> None:
-        global _torchrun_joined
         if env_rank() != 0:
             raise ValueError("under torchrun the Pipeline (the verifier) is rank 0; rank 1 runs serve_torchrun")
         self.store = env_store(0, load_timeout_s)
         self.channel = init_group(backend, self.store, 0, self.device, load_timeout_s, WIRE_TYPES)
-        _torchrun_joined = True
+        _process.joined_torchrun = True
 
     def _drafter_gone(self) -> str | None:
         return "the drafter process ended" if self.process.exitcode is not None else None
@@ -307,7 +323,9 @@ class Pipeline:
                 self.process.kill()
                 self.process.join()
         self.channel = self.store = None
-        _open.discard(self)
+        _process.open.discard(self)
+        if self.pair.pipeline is self:  # a closed Pipeline is no longer kept: the pair's next call opens another
+            self.pair.pipeline = None
 
     def __enter__(self):
         return self
@@ -328,33 +346,35 @@ def _check_source(source) -> None:
 
 # ---- the method ----------------------------------------------------------------------------------------------------
 
-_cached: tuple[tuple, Pipeline] | None = None  # (key, pipeline) that generate_ssd_pipeline keeps between calls
-
 
 def pipeline_for(pair, config: SSDConfig) -> Pipeline:
-    """The Pipeline generate_ssd_pipeline uses: started on first use and kept; replaced when the pair or the cores
-    or timeout of a PipelineConfig change, or after a fault closed it."""
-    global _cached
+    """The Pipeline generate_ssd_pipeline uses for pair: the one the pair keeps (pair.pipeline), opened on first use;
+    reopened when the cores or timeout of a PipelineConfig change, or after a fault closed it."""
     if not isinstance(config, PipelineConfig):
         config = PipelineConfig(**dataclasses.asdict(config))  # the default cores and timeout
-    key = (id(pair), config.verifier_cores, config.drafter_cores, config.timeout_s)
-    if _cached is not None and (_cached[0] != key or _cached[1].closed):
-        _cached[1].close()
-        _cached = None
-    if _cached is None:
-        _cached = key, Pipeline(pair, verifier_cores=config.verifier_cores, drafter_cores=config.drafter_cores,
-                                timeout_s=config.timeout_s)
-    return _cached[1]
+    options = (config.verifier_cores, config.drafter_cores, config.timeout_s)
+    kept = pair.pipeline
+    if kept is not None and kept.pair is pair and kept.options == options:  # a closed one is no longer kept
+        return kept
+    # One default process group per process: the Pipeline that any pair keeps (this one's with other options, or
+    # another pair's) closes to make way. It is closed, never handed over: a pair's drafter is its own.
+    for pipeline in list(_process.open):
+        if pipeline.pair.pipeline is pipeline:
+            pipeline.close()
+    pair.pipeline = Pipeline(pair, verifier_cores=config.verifier_cores, drafter_cores=config.drafter_cores,
+                             timeout_s=config.timeout_s)
+    return pair.pipeline
 
 
 def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.Generator,
                           autotune: Autotune | None = None):
     """SSD with the drafter on its own cores or device, in the kit's method shape: see Pipeline.
 
-    The pipeline starts on the first call (its drafter loads the draft) and serves later calls; it closes at exit,
-    after a fault, or with close_pipelines(). A PipelineConfig sets its cores and timeout; an SSDConfig uses the
-    defaults (verifier on core 0, drafter on core 1). On auto the autotune's profile (timed on the ranks' cores)
-    prices the drafter's choices.
+    The pipeline starts on the first call (its drafter loads the draft) and the pair keeps it for later calls; it
+    closes with close_pipeline(pair) or close_pipelines(), after a fault, at exit, or when another pair's call opens
+    its own (one per process). A PipelineConfig sets its cores and timeout; an SSDConfig uses the defaults (verifier
+    on core 0, drafter on core 1). On auto the autotune's profile (timed on the ranks' cores) prices the drafter's
+    choices.
     """
     check_ssd_config(config, "ssd-pipeline")
     prompts = check_prompts(pair, as_batch(prompt_ids)[0], config)  # bad input fails before a drafter starts
@@ -363,12 +383,21 @@ def generate_ssd_pipeline(pair, prompt_ids, config: SSDConfig, generator: torch.
     return pipeline_for(pair, config).generate(prompt_ids, config, generator, autotune)
 
 
+def close_pipeline(pair) -> None:
+    """Close the Pipeline that generate_ssd_pipeline keeps for pair, stopping its drafter; nothing if it keeps none."""
+    if pair.pipeline is not None:
+        pair.pipeline.close()
+
+
+def open_pipelines() -> list[Pipeline]:
+    """Every Pipeline of this process not yet closed (at most one: see Pipeline)."""
+    return list(_process.open)
+
+
 def close_pipelines() -> None:
-    """Close every open Pipeline, stopping their drafters (also run at interpreter exit)."""
-    global _cached
-    for pipeline in list(_open):
+    """Close every open Pipeline, kept by a pair or not, stopping their drafters (also run at interpreter exit)."""
+    for pipeline in list(_process.open):
         pipeline.close()
-    _cached = None
 
 
 atexit.register(close_pipelines)
@@ -380,7 +409,7 @@ atexit.register(close_pipelines)
 def stop_unused_torchrun_drafter(device) -> None:
     """Rank 0 of a torchrun job: if it never used the pipeline, rank 1 still waits for it; join it and tell it to
     stop. Nothing to do if it joined (closing the pipeline stopped the drafter)."""
-    if _torchrun_joined:
+    if _process.joined_torchrun:
         return
     device = torch.device(device)
     channel = init_group("nccl" if device.type == "cuda" else "gloo", env_store(0, 600.0), 0, device, 600.0,
