@@ -1,7 +1,10 @@
 import multiprocessing.process
 import os
+import pathlib
 import platform
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -27,10 +30,65 @@ def pytest_configure(config):
     # answer: asked here, no unit test is blamed for it (unit_tests_start_no_process).
     platform.processor()
     use_ipc_kernels_in_nbval()
+    if not hasattr(config, "workerinput"):  # the controller, or pytest without xdist: once, before any worker starts
+        send_the_notebooks_outputs_elsewhere(config)
+        config.stash[STATUS_BEFORE] = git_status()
     if hasattr(config, "workerinput"):  # an xdist worker (never the controller: the workers would inherit its value)
         # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
         # read this when they import torch: the worker's share of the cores, whatever the caller's shell had set.
         os.environ["OMP_NUM_THREADS"] = str(worker_cores())
+
+
+# ---- make test leaves the checkout as it found it ------------------------------------------------------------------
+
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+STATUS_BEFORE = pytest.StashKey[str | None]()
+COURSE_OUT = pytest.StashKey[str | None]()
+
+
+def send_the_notebooks_outputs_elsewhere(config):
+    """nbval executes the stored notebooks at their defaults, which write their figures into figures/ (tracked) and
+    06's demo into data/demo: SSD_COURSE_OUT, which every notebook's parameters cell reads, sends them to a temporary
+    folder instead. Set here, before xdist starts its workers, so that every worker and every kernel they start
+    inherits it; a value the caller set is kept (and not removed)."""
+    if os.environ.get("SSD_COURSE_OUT"):
+        config.stash[COURSE_OUT] = None
+        return
+    config.stash[COURSE_OUT] = os.environ["SSD_COURSE_OUT"] = tempfile.mkdtemp(prefix="ssd-course-out-")
+
+
+def git_status() -> str | None:
+    """The checkout's `git status --porcelain` (None outside a git checkout, or without git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPOSITORY), "status", "--porcelain"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and config.stash.get(COURSE_OUT, None):
+        shutil.rmtree(config.stash[COURSE_OUT], ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The whole run, nbval included, must leave the tracked files as they were (a CI run once found figures/05_*.png
+    rewritten): compared with the status at the start, so a checkout with work in progress can run the tests too."""
+    config = session.config
+    if hasattr(config, "workerinput") or STATUS_BEFORE not in config.stash:
+        return
+    before, after = config.stash[STATUS_BEFORE], git_status()
+    if before is None or after is None or after == before:
+        return
+    changed = sorted(set(after.splitlines()) - set(before.splitlines()))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    message = ("the tests changed the checkout (git status --porcelain): " + "; ".join(changed or after.splitlines())
+               + ". A test or notebook wrote into the repository: send it to a temporary folder (SSD_COURSE_OUT)")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(f"FAILED {message}", red=True, bold=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def use_ipc_kernels_in_nbval():

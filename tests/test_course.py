@@ -7,7 +7,8 @@ import pathlib
 import nbformat
 import pytest
 
-from ssd.course.notebooks import course_notebooks, course_parameters, in_place, outputs, report_command, run_course
+from ssd.course.notebooks import (OUTPUTS, course_notebooks, course_parameters, in_place, outputs, report_command,
+                                  run_course)
 
 
 def notebook(path, source):
@@ -73,17 +74,51 @@ def test_a_users_run_points_every_output_a_notebook_declares_under_its_out_folde
     assert sum("figures_dir" in p for p in passed.values()) >= 7
 
 
+def defaults_of(notebook: str, course_out: str | None) -> dict:
+    """The values a notebook's parameters cell gives, as its kernel would compute them with SSD_COURSE_OUT set to
+    course_out (or unset); defaults that read other parameters (measure_missing, say) are left out."""
+    import papermill
+
+    values = {}
+    environ = {k: v for k, v in os.environ.items() if k != "SSD_COURSE_OUT"}
+    if course_out is not None:
+        environ["SSD_COURSE_OUT"] = course_out
+    namespace = {"os": type("os", (), {"path": os.path, "environ": environ})}
+    for name, p in papermill.inspect_notebook(notebook).items():
+        try:
+            values[name] = eval(p["default"], namespace)
+        except NameError:
+            continue
+    return values
+
+
+WRITES = ("../figures", "../runs", "../data/demo")  # a default under one of these writes into the checkout
+
+
 def test_no_notebook_default_that_writes_into_the_repository_is_left_to_a_users_run(tmp_path):
     """A default under ../figures, ../runs or ../data/demo writes into the checkout; a user's run must replace each.
     (../data itself is read: the kit's stored results.)"""
-    import papermill
-
     given = outputs(str(tmp_path / "out"), "some-machine")
-    writes = ("../figures", "../runs", "../data/demo")
     for nb in COURSE:
-        defaults = {name: p["default"].strip("'\"") for name, p in papermill.inspect_notebook(nb).items()}
-        into_repo = {name for name, default in defaults.items() if default.startswith(writes)}
+        defaults = defaults_of(nb, None)
+        into_repo = {name for name, value in defaults.items() if isinstance(value, str) and value.startswith(WRITES)}
         assert into_repo <= set(course_parameters(nb, given)), (nb, into_repo)
+    assert any(defaults_of(nb, None).get("figures_dir") == "../figures" for nb in COURSE)  # the stored run's
+
+
+def test_with_ssd_course_out_set_no_notebook_default_writes_into_the_repository(tmp_path):
+    """What make test's nbval runs: the stored notebooks at their defaults, with SSD_COURSE_OUT (tests/conftest.py)
+    a temporary folder; every default that would write into the checkout goes under it instead."""
+    out = str(tmp_path / "course-out")
+    declared = 0
+    for nb in COURSE:
+        defaults = defaults_of(nb, out)
+        assert not {n for n, v in defaults.items() if isinstance(v, str) and v.startswith(WRITES)}, (nb, defaults)
+        for name in set(defaults) & set(OUTPUTS):
+            if defaults[name] is not None:
+                declared += 1
+                assert pathlib.Path(defaults[name]).is_relative_to(out), (nb, name, defaults[name])
+    assert declared >= 9  # figures_dir in 01-09, demo_dir in 06
 
 
 def test_the_stored_run_is_the_notebooks_own_folder_and_takes_no_parameters(tmp_path):

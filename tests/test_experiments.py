@@ -158,3 +158,29 @@ def test_the_timeline_summary_tells_turns_from_overlap():
     assert pipe["wait_ms"] == 500 and pipe["prespec_ms"] == pytest.approx(800)
     assert pipe["target_busy"] == 0.5 and pipe["draft_busy"] == pytest.approx(0.9)  # the wait is no work
     assert pipe["both_busy"] == pytest.approx(0.5)  # pre-speculation under the whole verify pass
+
+
+def verify_spans(method: str, ms: list[float]) -> list[tuple]:
+    """One verify span a round (round 0 too, which phase_apart leaves out), each `ms` long."""
+    rows, start = [(method, 0, "verify_s", "target", 0.0, 5.0)], 5.0
+    for r, length in enumerate(ms, start=1):
+        rows.append((method, r, "verify_s", "target", start, start + length / 1000))
+        start += length / 1000 + 0.1
+    return rows
+
+
+def test_a_phase_is_longer_only_where_the_rounds_spread_allows_it():
+    columns = ["method", "round", "phase", "lane", "start_s", "end_s"]
+    clear = pd.DataFrame(verify_spans("sd", [280, 275, 290, 282, 279])
+                         + verify_spans("pipe", [400, 410, 395, 402, 405]), columns=columns)
+    table = experiments.phase_apart(clear, "pipe", "sd")
+    assert table.index.tolist() == ["pipe", "sd"] and table["apart"].all()
+    assert table.loc["sd", "mean"] == pytest.approx(281.2) and (table["n"] == 5).all()  # round 0 left out
+    # The same means with a spread that overlaps: not apart, though the mean is larger
+    noisy = pd.DataFrame(verify_spans("sd", [200, 360, 280, 150, 416])
+                         + verify_spans("pipe", [300, 290, 310, 305, 295]), columns=columns)
+    noisy_table = experiments.phase_apart(noisy, "pipe", "sd")
+    assert noisy_table.loc["pipe", "mean"] > noisy_table.loc["sd", "mean"] and not noisy_table["apart"].any()
+    # Two rounds give no interval: never apart
+    short = pd.DataFrame(verify_spans("sd", [1, 1]) + verify_spans("pipe", [9, 9]), columns=columns)
+    assert not experiments.phase_apart(short, "pipe", "sd")["apart"].any()

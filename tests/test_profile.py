@@ -381,3 +381,23 @@ def test_a_bench_fetches_a_profile_only_for_a_method_that_tunes(monkeypatch, pri
             "--drafter-cores", D, "--methods"]
     assert main(argv + ["ar,sd"]) == 0 and measured == []
     assert main(argv + ["ar,ssd"]) == 0 and measured == [1]
+
+
+def test_the_stored_regimes_leave_notebook_05_wide_margins():
+    """What notebook 05's regime cell says of the profiles stored in data/ (the kit's, at b = 1): on every machine the
+    precision auto chose beats float32 by far more than the cell's allowances for the clock's noise (1.2 and 0.9)."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+    compared = 0
+    for machine in sorted(os.listdir(root)):
+        folder = os.path.join(root, machine, "profiles")
+        kit = [p for p in prof.profiles_in(folder) if p.engine == "torch" and p.batch_size == 1] \
+            if os.path.isdir(folder) else []
+        by = {p.precisions["draft"]: prof.regime(p) for p in kit}
+        if "float32" not in by or len(by) < 2:
+            continue
+        reference, chosen = by.pop("float32"), next(iter(by.values()))
+        compared += 1
+        assert chosen["c"] <= 0.46 * reference["c"], machine
+        assert chosen["v"] <= 0.72 * reference["v"] or chosen["target"] == reference["target"], machine
+        assert chosen["sd_speedup_at_a_0.8"] >= 1.25 * reference["sd_speedup_at_a_0.8"], machine
+    assert compared == 4

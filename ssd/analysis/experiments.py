@@ -206,6 +206,30 @@ def timeline_summary(spans: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def phase_apart(spans: pd.DataFrame, longer: str, shorter: str, phase: str = "verify_s",
+                level: float = 0.99) -> pd.DataFrame:
+    """Whether one method's phase (ms per round, rounds after the first) is longer than another's beyond the rounds'
+    spread: each method's mean with a Student-t interval at `level` over its rounds, and `apart` True where the
+    longer one's interval lies wholly above the shorter one's. A claim about a live timing is checked on this, not on
+    two means that noise can reorder. spans: as for timeline_summary."""
+    from ..bench.stats import mean_ci
+
+    g = spans[(spans["round"] > 0) & (spans["phase"] == phase) & spans["method"].isin([longer, shorter])]
+    per_round = ((g["end_s"] - g["start_s"]) * 1000).groupby([g["method"], g["round"]]).sum().rename("ms")
+    table = mean_ci(per_round.reset_index(), "method", "ms", level).set_index("method").reindex([longer, shorter])
+    table["apart"] = bool(table.loc[longer, "ci_low"] > table.loc[shorter, "ci_high"])  # False where either is NaN
+    return table
+
+
+def sd_has_more_cores(verifier_cores) -> bool:
+    """Whether SD in this process runs on more threads than the pipeline's verifier rank has cores: the premise of
+    "one core against two". Not so where the caller gave the process one thread (make test gives each worker's
+    kernels their share of the cores: one on two cores)."""
+    from ..models.cores import parse_cores
+
+    return torch.get_num_threads() > len(parse_cores(verifier_cores, "verifier_cores"))
+
+
 def _merged(spans: pd.DataFrame) -> list[tuple[float, float]]:
     """The time the spans cover, as sorted disjoint intervals."""
     out: list[tuple[float, float]] = []
