@@ -26,17 +26,17 @@ def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> tor
     return saguaro(q, torch.topk(logits, min(f + 1, logits.shape[-1]), dim=-1).indices, c)
 
 
-def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
+def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype, widen=None) -> torch.Tensor:
     """Additive [b, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches of each of b rows.
 
     Branch j of a row sees the prefix slots prefix_visible[row, j] ([b, N, base]) marks and its own nodes of depths
     0..depth; tree slots are laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's
-    dtype.
+    dtype. widen (CachedModel.widen): pads the slots to as many as attention reads (the cache's bucket).
     """
     b, n, device = prefix_visible.shape[0], prefix_visible.shape[1], prefix_visible.device
     own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)  # [N, (depth + 1) N]
     visible = torch.cat([prefix_visible, own.expand(b, -1, -1)], dim=2)  # [b, N, base + (depth + 1) N]
-    return additive_mask(visible, dtype)[:, None]
+    return additive_mask(widen(visible) if widen else visible, dtype)[:, None]
 
 
 @torch.inference_mode()
@@ -65,10 +65,12 @@ def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[i
     prefix_visible = draft.valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
     prefix_visible, ks, feed, starts = prefix_visible.to(device), ks.to(device), feed.to(device), starts.to(device)
     drawn = {row: ([], [], []) for row in outcomes}  # per row: tokens [N_row], q [N_row, V], logits [N_row, V]
-    for depth in range(max(len(u[row]) for row in outcomes)):
+    depths = max(len(u[row]) for row in outcomes)
+    draft.cache.reserve(base + depths * n)  # the bucket the whole tree lands in, before any mask is made as wide
+    for depth in range(depths):
         out = model(
             input_ids=feed,  # [b, N]
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype),  # [b, 1, N, base + (depth + 1) N]
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype, draft.widen),  # [b, 1, N, slots]
             position_ids=starts + ks + depth,  # [b, N]
             cache=draft.cache,
             use_cache=True,
