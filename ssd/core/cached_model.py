@@ -12,21 +12,24 @@ Batching (b rows in one forward; b = 1 is a batch of one, today's single sequenc
   a shorter row's leading slots in the block are padding. So ragged prompts are left-padded, and a row that accepted
   fewer tokens than its neighbours is padded in the next forward.
 - a rollback marks the row's rejected slots invalid (they become *holes*, masked); slots no row uses at the end are
-  cropped (the cache's write pointer moves back: nothing is copied), and once compacting would shorten the cache by a quarter the rows are compacted (each row's valid slots
-  gathered to the right). With one row every invalid slot is at the end, so a rollback is a crop, as it always was.
+  cropped (the cache's write pointer moves back: nothing is copied), and once compacting would shorten the cache by a
+  quarter the rows are compacted (each row's valid slots gathered to the right, in place). With one row every invalid slot is at the end, so a rollback is a crop, as it always was.
 - where any slot is invalid the forward gets a 4D attention mask (each slot sees the row's valid slots up to itself,
   and itself, so a padding slot never attends to nothing) and position ids that count each row's valid slots: every
   row sees the positions and context it would have alone. Where none is, neither is passed (b = 1 runs exactly as
   before batching), unless the forward runs in fixed shapes (FIXED_SHAPES): attention then reads the cache's whole
   bucket, and the mask (always passed, as wide as the bucket) marks the slots past L invalid too.
-- ``retire(row)`` takes a finished sequence out of the batch: it stops costing work.
+- in fixed shapes the batch is a bucket too (``static_cache.rows_bucket``: 1, 2, 4, 8, ...): 3 rows are computed as
+  4, the last a dead row (fed id 0, seeing only itself, its logits never read).
+- ``retire(row)`` takes a finished sequence out of the batch: it stops costing work once the rows left fit a smaller
+  batch bucket (at once, without fixed shapes); until then its place is a dead row.
 
 Rows are named by their index in the batch they started in; the cache's own order is an internal matter.
 """
 from __future__ import annotations
 
 import torch
-from .static_cache import SlotCache
+from .static_cache import SlotCache, rows_bucket
 
 COMPACT_FRACTION = 0.25  # compact once that shortens the cache by this share: attention over holes is waste
 # Attention over the cache's whole bucket, with a mask always (the shapes a compiled forward needs); False: over the
@@ -43,12 +46,22 @@ class CachedModel:
         self.fixed_shapes = FIXED_SHAPES if fixed_shapes is None else fixed_shapes
         self.cache = SlotCache(model.config, self.fixed_shapes)
         self.rows = list(range(rows))  # the rows still in the batch, in the cache's order
+        self.batch = self._bucket(rows)  # rows computed per forward: the live ones first, then dead ones
         self.valid = torch.zeros(rows, 0, dtype=torch.bool)  # [b, L] on the CPU: which slots hold a row's token
         self.lengths = [0] * rows  # tokens each row holds (its count of valid slots), by row
 
     def length(self, row: int = 0) -> int:
         """How many of `row`'s tokens the cache holds."""
         return self.lengths[row]
+
+    def _bucket(self, rows: int) -> int:
+        return rows_bucket(rows) if self.fixed_shapes else rows
+
+    def padded(self, live: torch.Tensor) -> torch.Tensor:
+        """A [b, ...] tensor over the live rows as [batch, ...]: the dead rows' entries zero (False)."""
+        if live.shape[0] == self.batch:
+            return live
+        return torch.cat([live, live.new_zeros(self.batch - live.shape[0], *live.shape[1:])])
 
     @property
     def slots(self) -> int:
@@ -93,14 +106,14 @@ class CachedModel:
         """One forward over every row of the batch (rows not in `feeds`, and short ones, get padding slots), and the
         logits of the block's last `keep` slots ([b, keep, V]; keep 0: none, the model without its output layer)."""
         width = max(len(seq) for seq in feeds.values())
-        b, base = self.valid.shape
+        b, base = self.batch, self.slots
         ids = torch.zeros(b, width, dtype=torch.long)  # [b, width] right-aligned feeds; id 0 in padding slots
         fed = torch.zeros(b, width, dtype=torch.bool)  # [b, width] which slots of the block hold a token
         for row, seq in feeds.items():
             i = self.rows.index(row)
             ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             fed[i, width - len(seq):] = True
-        valid = torch.cat([self.valid, fed], dim=1)  # [b, L + width]
+        valid = torch.cat([self.padded(self.valid), fed], dim=1)  # [b, L + width]
         self.cache.reserve(base + width)  # the bucket the block lands in, before the mask is made as wide
         masking = {}
         if self.fixed_shapes or not valid.all():
@@ -109,7 +122,7 @@ class CachedModel:
         model = self.model if keep else self.model.base_model
         scored = dict(logits_to_keep=torch.arange(width - keep, width, device=self.device)) if keep else {}
         out = model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True, **scored, **masking)
-        self.valid = valid
+        self.valid = valid[: len(self.rows)]
         for row, seq in feeds.items():
             self.lengths[row] += len(seq)
         return out.logits if keep else None
@@ -157,9 +170,9 @@ class CachedModel:
         if len(keep) == len(self.rows):
             return
         if keep:  # (the last row's cache is simply left: nothing computes it again)
-            index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            for layer in self.cache.layers:
-                layer.batch_select_indices(index)
+            self.batch = self._bucket(len(keep))
+            dead = [len(self.rows) - 1] * (self.batch - len(keep))  # any row: a dead row's slots are never seen
+            self.cache.select_rows(torch.tensor(keep + dead, dtype=torch.long, device=self.device))
         self.valid = self.valid[keep]
         self.rows.remove(row)
         self._tidy()
@@ -184,7 +197,7 @@ class CachedModel:
             kept = self.valid[i].nonzero()[:, 0]
             index[i, width - len(kept):] = kept
             valid[i, width - len(kept):] = True
-        self.cache.gather_slots(index.to(self.device))  # in place, within the bucket
+        self.cache.gather_slots(self.padded(index).to(self.device))  # in place, within the bucket
         self.valid = valid
 
 

@@ -29,7 +29,14 @@ ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
 def bucket(slots: int) -> int:
     """The capacity that holds `slots`: the smallest power of two >= max(slots, MIN_SLOTS)."""
-    return max(MIN_SLOTS, 1 << max(slots - 1, 0).bit_length())
+    return max(MIN_SLOTS, rows_bucket(slots))
+
+
+def rows_bucket(rows: int) -> int:
+    """The rows a fixed-shape forward computes for `rows` live ones (a batch, or the tree's branches per row): the
+    smallest power of two >= rows. One compiled graph per bucket, as the official SSD engine keeps one per batch
+    bucket."""
+    return 1 << max(rows - 1, 0).bit_length()
 
 
 class SlotLayer(CacheLayerMixin):
@@ -90,8 +97,14 @@ class SlotLayer(CacheLayerMixin):
         self.end = 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the rows `indices` (a retired row leaves the batch: later forwards no longer compute it)."""
-        if self.is_initialized:
+        """Row i takes row indices[i]: in place where the batch keeps its size (the buffers keep their addresses),
+        else into new buffers of len(indices) rows."""
+        if not self.is_initialized:
+            return
+        if len(indices) == self.keys.shape[0]:
+            self.keys.copy_(self.keys[indices])
+            self.values.copy_(self.values[indices])
+        else:
             self.keys, self.values = self.keys[indices], self.values[indices]
 
     def gather_slots(self, index: torch.Tensor) -> None:
@@ -131,6 +144,11 @@ class SlotCache(Cache):
         """Make room for `slots` slots per row in every layer (the next bucket, where this one is short)."""
         for layer in self.layers:
             layer.reserve(slots)
+
+    def select_rows(self, indices: torch.Tensor) -> None:
+        """Row i takes row indices[i], in every layer (a retired row leaves, or becomes a dead one)."""
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
 
     def gather_slots(self, index: torch.Tensor) -> None:
         """Slot j of row i takes slot index[i, j], in every layer (compacting the rows)."""

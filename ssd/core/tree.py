@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .cached_model import CachedModel, additive_mask
+from .static_cache import rows_bucket
 from .proposers import Draft
 from .sampling import draw, probs_from_logits, saguaro
 
@@ -50,19 +51,21 @@ def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[i
     u and Saguaro's q for its fan_out (the F_0..F_K of the round it drafts for). Returns each row's Drafts, one per
     outcome, in order.
     """
-    model, base, device = draft.model, draft.slots, draft.device
+    model, base, device, b = draft.model, draft.slots, draft.device, draft.batch
     n = max(len(branches) for branches in outcomes.values())
+    n = rows_bucket(n) if draft.fixed_shapes else n  # in fixed shapes, N is a bucket (the spare branches padding)
     index = {row: draft.rows.index(row) for row in outcomes}  # the row's place in the cache's batch
     # Made on the draft's device once: only the uniforms come in per depth, the tokens go out once at the end.
-    ks = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] accepted count of each branch's outcome
-    feed = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] fed at this depth: t*, then each branch's draft
-    starts = torch.zeros(len(draft.rows), 1, dtype=torch.long)  # [b, 1] each row's prefix length
+    ks = torch.zeros(b, n, dtype=torch.long)  # [b, N] accepted count of each branch's outcome
+    feed = torch.zeros(b, n, dtype=torch.long)  # [b, N] fed at this depth: t*, then each branch's draft
+    starts = torch.zeros(b, 1, dtype=torch.long)  # [b, 1] each row's prefix length
     for row, branches in outcomes.items():
         ks[index[row], : len(branches)] = torch.tensor([k for k, _ in branches])
         feed[index[row], : len(branches)] = torch.tensor([t for _, t in branches])
         starts[index[row]] = prefix_lens[row]
-    logical = draft.valid.cumsum(1) - 1  # [b, base] the position each slot holds in its row
-    prefix_visible = draft.valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
+    valid = draft.padded(draft.valid)  # [b, base] (a dead row's slots all invalid)
+    logical = valid.cumsum(1) - 1  # [b, base] the position each slot holds in its row
+    prefix_visible = valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
     prefix_visible, ks, feed, starts = prefix_visible.to(device), ks.to(device), feed.to(device), starts.to(device)
     drawn = {row: ([], [], []) for row in outcomes}  # per row: tokens [N_row], q [N_row, V], logits [N_row, V]
     depths = max(len(u[row]) for row in outcomes)
