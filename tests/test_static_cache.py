@@ -94,3 +94,21 @@ def test_fixed_shapes_give_the_references_tokens_and_rounds(pair, monkeypatch, n
         tokens, traces = METHODS[name](pair, PROMPTS, config, torch.Generator().manual_seed(0))
         runs.append((tokens, [[(r.accepted, r.token, getattr(r, "hit", None)) for r in t.rounds] for t in traces]))
     assert runs[0] == runs[1]
+
+
+def test_the_reference_is_a_dynamic_caches_forward_bit_for_bit(pair):
+    """Without fixed shapes attention reads a view of the slots in use: the eager forward of a DynamicCache, exactly
+    (fixed shapes move float32 logits by about 1e-6: a wider softmax row; the tokens above stay the same)."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    cache = DynamicCache(config=pair.target.config)
+    with torch.inference_mode():
+        pair.target.base_model(input_ids=ids[:, :4], cache=cache, use_cache=True)
+        cache.crop(-1)  # a rollback
+        expected = pair.target(input_ids=ids[:, 3:], cache=cache, use_cache=True,
+                               logits_to_keep=torch.arange(2, 4)).logits[0].float()
+    model = CachedModel(pair.target, fixed_shapes=False)
+    model.extend(ids[0, :4].tolist())
+    model.rollback(3)
+    assert torch.equal(model.logits(ids[0].tolist(), keep=2), expected)
