@@ -112,3 +112,14 @@ def test_the_reference_is_a_dynamic_caches_forward_bit_for_bit(pair):
     model.extend(ids[0, :4].tolist())
     model.rollback(3)
     assert torch.equal(model.logits(ids[0].tolist(), keep=2), expected)
+
+
+def test_a_forward_writes_at_the_slots_placed_on_the_device_at_one_address_per_width(pair):
+    model = CachedModel(pair.target)
+    model.prefill([1, 2, 3, 4, 5])
+    model.logits([1, 2, 3, 4, 5, 6], keep=1)  # 5 and 6: a block of 2 at slots 4 and 5
+    assert model.cache.index[2].tolist() == [4, 5] and all(layer.placed is None for layer in model.cache.layers)
+    model.logits([1, 2, 3, 4, 5, 6, 7], keep=1)
+    index = model.cache.index[1]
+    model.logits([1, 2, 3, 4, 5, 6, 7, 8], keep=1)
+    assert model.cache.index[1] is index and index.tolist() == [7]  # refilled in place

@@ -47,7 +47,7 @@ class CachedModel:
         self.model = model
         self.device = model.device
         self.fixed_shapes = FIXED_SHAPES if fixed_shapes is None else fixed_shapes
-        self.cache = SlotCache(model.config, self.fixed_shapes)
+        self.cache = SlotCache(model.config, self.fixed_shapes, device=self.device)
         self.rows = list(range(rows))  # the rows still in the batch, in the cache's order
         self.batch = self._bucket(rows)  # rows computed per forward: the live ones first, then dead ones
         self.valid = torch.zeros(rows, 0, dtype=torch.bool)  # [b, L] on the CPU: which slots hold a row's token
@@ -118,6 +118,7 @@ class CachedModel:
             fed[i, width - len(seq):] = True
         valid = torch.cat([self.padded(self.valid), fed], dim=1)  # [b, L + width]
         self.cache.reserve(base + width)  # the bucket the block lands in, before the mask is made as wide
+        self.cache.place(width)
         masking = {}
         if self.fixed_shapes or not valid.all():
             positions = (valid.cumsum(1) - 1).clamp(min=0)[:, base:]  # [b, width] each row's own positions

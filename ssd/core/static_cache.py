@@ -1,8 +1,9 @@
 """The kit's static KV cache: keys and values preallocated per row, written in place at slot indices.
 
 One ``SlotLayer`` per attention layer holds keys and values of [b, heads, capacity, dim], allocated once and written
-by ``index_copy_`` at the slots a forward fills; no torch.cat per step. The write pointer ``end`` is where the next
-forward's block lands; moving it back (``crop``) is a rollback: the slots past it stay in memory, stale, and are
+by ``index_copy_`` at the slots a forward fills; no torch.cat per step. Those slots are an index on the model's device,
+one tensor per block width kept at a fixed address and refilled before each forward (``SlotCache.place``), so a
+captured graph replays with the next step's slots. The write pointer ``end`` is where the next forward's block lands; moving it back (``crop``) is a rollback: the slots past it stay in memory, stale, and are
 overwritten by the next write (``CachedModel.valid`` marks them invalid meanwhile). The capacity is a bucket, a power
 of two from MIN_SLOTS up: a cache that outgrows its bucket is copied once into the next one, so a decode of n tokens
 reallocates about log2(n / MIN_SLOTS) times, and a compiled forward sees one shape per bucket.
@@ -48,6 +49,7 @@ class SlotLayer(CacheLayerMixin):
     def __init__(self, capacity: int, fixed_shapes: bool):
         super().__init__()
         self.capacity, self.fixed_shapes, self.end = capacity, fixed_shapes, 0
+        self.placed = None  # the slots of the next block, where the caller placed it (SlotCache.place)
         self.is_compileable = fixed_shapes  # (transformers skips its causal shortcut for compileable caches)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -64,7 +66,9 @@ class SlotLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         width = key_states.shape[-2]
         self.reserve(self.end + width)
-        slots = torch.arange(self.end, self.end + width, device=self.device)
+        slots, self.placed = self.placed, None  # used once: an unplaced forward writes at end, as its own index
+        if slots is None or len(slots) != width:
+            slots = torch.arange(self.end, self.end + width, device=self.device)
         self.keys.index_copy_(2, slots, key_states)
         self.values.index_copy_(2, slots, value_states)
         self.end += width
@@ -126,14 +130,27 @@ def _grown(states: torch.Tensor, capacity: int) -> torch.Tensor:
 class SlotCache(Cache):
     """A static KV cache for `config`'s model: one SlotLayer per attention layer, all with one capacity (a bucket)."""
 
-    def __init__(self, config, fixed_shapes: bool = True, slots: int = 0):
+    def __init__(self, config, fixed_shapes: bool = True, slots: int = 0, device="cpu"):
         types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         others = sorted(set(types) - set(ATTENTION_LAYERS))
         if others:
             raise ValueError(f"the static KV cache holds full and sliding attention layers only; this model also has "
                              f"{', '.join(others)}")
-        self.fixed_shapes = fixed_shapes
+        self.fixed_shapes, self.device = fixed_shapes, torch.device(device)
+        self.index: dict[int, torch.Tensor] = {}  # block width -> its slots' index, [width] on the device
         super().__init__(layers=[SlotLayer(bucket(slots), fixed_shapes) for _ in types])
+
+    def place(self, width: int) -> torch.Tensor:
+        """Before a forward over a block of `width` slots: its slots end..end + width - 1, written into the index
+        kept for that width (a fixed address), which every layer's next update writes at."""
+        index = self.index.get(width)
+        if index is None:
+            index = self.index[width] = torch.empty(width, dtype=torch.long, device=self.device)
+        end = self.get_seq_length()
+        index.copy_(torch.arange(end, end + width))
+        for layer in self.layers:
+            layer.placed = index
+        return index
 
     @property
     def capacity(self) -> int:

@@ -71,6 +71,7 @@ def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[i
     depths = max(len(u[row]) for row in outcomes)
     draft.cache.reserve(base + depths * n)  # the bucket the whole tree lands in, before any mask is made as wide
     for depth in range(depths):
+        draft.cache.place(n)  # this depth's N slots per row, after the earlier depths'
         out = model(
             input_ids=feed,  # [b, N]
             attention_mask=tree_mask(prefix_visible, depth, model.dtype, draft.widen),  # [b, 1, N, slots]
