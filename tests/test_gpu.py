@@ -90,8 +90,8 @@ def test_the_tree_mask_is_made_on_the_device_in_the_models_dtype(monkeypatch):
     draft = pair_on(REDUCED).draft
     made = []
 
-    def spy(prefix_visible, depth, dtype):
-        mask = real(prefix_visible, depth, dtype)
+    def spy(prefix_visible, depth, dtype, *rest):
+        mask = real(prefix_visible, depth, dtype, *rest)
         made.append((mask.dtype, mask.device.type))
         return mask
 

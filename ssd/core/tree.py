@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .cached_model import CachedModel, additive_mask
+from .static_cache import rows_bucket
 from .proposers import Draft
 from .sampling import draw, probs_from_logits, saguaro
 
@@ -26,17 +27,17 @@ def saguaro_q(logits: torch.Tensor, temperature: float, f: int, c: float) -> tor
     return saguaro(q, torch.topk(logits, min(f + 1, logits.shape[-1]), dim=-1).indices, c)
 
 
-def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype) -> torch.Tensor:
+def tree_mask(prefix_visible: torch.Tensor, depth: int, dtype, widen=None) -> torch.Tensor:
     """Additive [b, 1, N, base + (depth + 1) N] mask for the depth-th forward over N branches of each of b rows.
 
     Branch j of a row sees the prefix slots prefix_visible[row, j] ([b, N, base]) marks and its own nodes of depths
     0..depth; tree slots are laid out depth by depth, N per depth. Made on prefix_visible's device, in the model's
-    dtype.
+    dtype. widen (CachedModel.widen): pads the slots to as many as attention reads (the cache's bucket).
     """
     b, n, device = prefix_visible.shape[0], prefix_visible.shape[1], prefix_visible.device
     own = torch.eye(n, dtype=torch.bool, device=device).repeat(1, depth + 1)  # [N, (depth + 1) N]
     visible = torch.cat([prefix_visible, own.expand(b, -1, -1)], dim=2)  # [b, N, base + (depth + 1) N]
-    return additive_mask(visible, dtype)[:, None]
+    return additive_mask(widen(visible) if widen else visible, dtype)[:, None]
 
 
 @torch.inference_mode()
@@ -50,25 +51,30 @@ def draft_tree(draft: CachedModel, prefix_lens: dict[int, int], outcomes: dict[i
     u and Saguaro's q for its fan_out (the F_0..F_K of the round it drafts for). Returns each row's Drafts, one per
     outcome, in order.
     """
-    model, base, device = draft.model, draft.slots, draft.device
+    model, base, device, b = draft.model, draft.slots, draft.device, draft.batch
     n = max(len(branches) for branches in outcomes.values())
+    n = rows_bucket(n) if draft.fixed_shapes else n  # in fixed shapes, N is a bucket (the spare branches padding)
     index = {row: draft.rows.index(row) for row in outcomes}  # the row's place in the cache's batch
     # Made on the draft's device once: only the uniforms come in per depth, the tokens go out once at the end.
-    ks = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] accepted count of each branch's outcome
-    feed = torch.zeros(len(draft.rows), n, dtype=torch.long)  # [b, N] fed at this depth: t*, then each branch's draft
-    starts = torch.zeros(len(draft.rows), 1, dtype=torch.long)  # [b, 1] each row's prefix length
+    ks = torch.zeros(b, n, dtype=torch.long)  # [b, N] accepted count of each branch's outcome
+    feed = torch.zeros(b, n, dtype=torch.long)  # [b, N] fed at this depth: t*, then each branch's draft
+    starts = torch.zeros(b, 1, dtype=torch.long)  # [b, 1] each row's prefix length
     for row, branches in outcomes.items():
         ks[index[row], : len(branches)] = torch.tensor([k for k, _ in branches])
         feed[index[row], : len(branches)] = torch.tensor([t for _, t in branches])
         starts[index[row]] = prefix_lens[row]
-    logical = draft.valid.cumsum(1) - 1  # [b, base] the position each slot holds in its row
-    prefix_visible = draft.valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
+    valid = draft.padded(draft.valid)  # [b, base] (a dead row's slots all invalid)
+    logical = valid.cumsum(1) - 1  # [b, base] the position each slot holds in its row
+    prefix_visible = valid[:, None, :] & (logical[:, None, :] < (starts + ks)[:, :, None])  # [b, N, base]
     prefix_visible, ks, feed, starts = prefix_visible.to(device), ks.to(device), feed.to(device), starts.to(device)
     drawn = {row: ([], [], []) for row in outcomes}  # per row: tokens [N_row], q [N_row, V], logits [N_row, V]
-    for depth in range(max(len(u[row]) for row in outcomes)):
+    depths = max(len(u[row]) for row in outcomes)
+    draft.cache.reserve(base + depths * n)  # the bucket the whole tree lands in, before any mask is made as wide
+    for depth in range(depths):
+        draft.cache.place(n)  # this depth's N slots per row, after the earlier depths'
         out = model(
             input_ids=feed,  # [b, N]
-            attention_mask=tree_mask(prefix_visible, depth, model.dtype),  # [b, 1, N, base + (depth + 1) N]
+            attention_mask=tree_mask(prefix_visible, depth, model.dtype, draft.widen),  # [b, 1, N, slots]
             position_ids=starts + ks + depth,  # [b, N]
             cache=draft.cache,
             use_cache=True,

@@ -6,8 +6,8 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
 
+from ..core.cached_model import CachedModel
 from .devices import synchronize
 
 CONTEXT = 128  # tokens already in the KV cache when a pass is timed
@@ -38,16 +38,19 @@ def fixed_ids(model, length: int) -> torch.Tensor:
 @torch.inference_mode()
 def curve_ms(model, sizes, *, context: int = CONTEXT, reps: int = 3, batch: int = 1) -> dict[int, float]:
     """Median milliseconds of one causal forward over n new tokens (a verify pass over K + 1 = n tokens) in each of
-    `batch` rows after `context` cached tokens, for each n in sizes (``round_robin_ms``)."""
-    device = model.device
-    ids = fixed_ids(model, context + max(sizes))[None].expand(batch, -1).to(device)  # [b, context + max n]
-    cache = DynamicCache(config=model.config)
-    model.base_model(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    `batch` rows after `context` cached tokens, for each n in sizes (``round_robin_ms``): through the decoding loops'
+    own cache and forward (``CachedModel.logits``, the static cache in its shapes), each pass rolled back after."""
+    cached = CachedModel(model, rows=batch)
+    ids = fixed_ids(model, context + max(sizes)).tolist()
+    rows = range(batch)
+    cached.extend(dict.fromkeys(rows, ids[:context]))
 
-    def run(n):
-        model(input_ids=ids[:, context : context + n], cache=cache, use_cache=True, logits_to_keep=n)
+    def undo(n):
+        for row in rows:
+            cached.rollback(context, row)
 
-    return round_robin_ms(sizes, reps, device, run, undo=lambda n: cache.crop(-n))
+    return round_robin_ms(sizes, reps, model.device,
+                          lambda n: cached.logits(dict.fromkeys(rows, ids[: context + n]), keep=n), undo=undo)
 
 
 def forward_ms(model, new: int, *, context: int = CONTEXT, reps: int = 3) -> float:
