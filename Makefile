@@ -78,7 +78,8 @@ lab: $(STAMP)
 # Every tier (docs/testing.md, "Tiers"): the unit, integration and real tests, the gpu ones (skipped without a GPU),
 # and nbval (every notebook re-executed in order and compared with its stored outputs), in one run spread over the
 # cores by pytest-xdist: the real pair's tests in one worker and the notebooks in another, side by side (two real
-# pairs in memory), then the tiny-model tests in whichever is free (tests/conftest.py).
+# pairs in memory), then the tiny-model tests in whichever is free (tests/conftest.py). nbval's notebooks write under
+# a temporary SSD_COURSE_OUT, and the run fails if it leaves `git status --porcelain` other than it found it.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup \
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
