@@ -77,18 +77,20 @@ def test_a_users_run_points_every_output_a_notebook_declares_under_its_out_folde
 def defaults_of(notebook: str, course_out: str | None) -> dict:
     """The values a notebook's parameters cell gives, as its kernel would compute them with SSD_COURSE_OUT set to
     course_out (or unset); defaults that read other parameters (measure_missing, say) are left out."""
+    from unittest import mock
+
     import papermill
 
     values = {}
-    environ = {k: v for k, v in os.environ.items() if k != "SSD_COURSE_OUT"}
-    if course_out is not None:
-        environ["SSD_COURSE_OUT"] = course_out
-    namespace = {"os": type("os", (), {"path": os.path, "environ": environ})}
-    for name, p in papermill.inspect_notebook(notebook).items():
-        try:
-            values[name] = eval(p["default"], namespace)
-        except NameError:
-            continue
+    with mock.patch.dict(os.environ):
+        os.environ.pop("SSD_COURSE_OUT", None)
+        if course_out is not None:
+            os.environ["SSD_COURSE_OUT"] = course_out
+        for name, p in papermill.inspect_notebook(notebook).items():
+            try:
+                values[name] = eval(p["default"], {"os": os})
+            except NameError:
+                continue
     return values
 
 

@@ -354,6 +354,7 @@ def pipeline_for(pair, config: SSDConfig) -> Pipeline:
         config = PipelineConfig(**dataclasses.asdict(config))  # the default cores and timeout
     options = (config.verifier_cores, config.drafter_cores, config.timeout_s)
     kept = pair.pipeline
+    # kept.pair is pair: a shallow copy of a pair carries its attribute, and a copy's drafter is never its original's
     if kept is not None and kept.pair is pair and kept.options == options:  # a closed one is no longer kept
         return kept
     # One default process group per process: the Pipeline that any pair keeps (this one's with other options, or
