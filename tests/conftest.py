@@ -37,6 +37,7 @@ def pytest_configure(config):
         # The processes a worker starts (nbval's and papermill's kernels, the pipeline's ranks, the command line)
         # read this when they import torch: the worker's share of the cores, whatever the caller's shell had set.
         os.environ["OMP_NUM_THREADS"] = str(worker_cores())
+        a_folder_of_its_own(config.workerinput["workerid"])
 
 
 # ---- make test leaves the checkout as it found it ------------------------------------------------------------------
@@ -55,6 +56,14 @@ def send_the_notebooks_outputs_elsewhere(config):
         config.stash[COURSE_OUT] = None
         return
     config.stash[COURSE_OUT] = os.environ["SSD_COURSE_OUT"] = tempfile.mkdtemp(prefix="ssd-course-out-")
+
+
+def a_folder_of_its_own(worker: str) -> None:
+    """Each worker's notebooks write under their own subfolder of SSD_COURSE_OUT: two workers that ran the same
+    notebook into one folder at once (nbval's 06 and the tiny pair's 06) read each other's half-written demo CSV (a CI
+    run failed so). A worker runs its tests one after another, so within it one folder is enough."""
+    if os.environ.get("SSD_COURSE_OUT"):
+        os.environ["SSD_COURSE_OUT"] = os.path.join(os.environ["SSD_COURSE_OUT"], worker)
 
 
 def git_status() -> str | None:
