@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import checks
-from .names import (AUTO, BACKUPS, DEFAULT_PAIR, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
+from .names import (AUTO, BACKUPS, DEFAULT_PAIR, FORWARDS, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
                     PRECISION_CHOICES, REPORT_DIR, REPORT_OUT, REPORT_SIZES, STRATEGIES)
 
 # Only the names and checks above load with the parser: --help and every argument error answer before torch does.
@@ -24,7 +24,11 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
                    "auto (the default) times the candidates once on this machine and keeps the faster verify pass "
                    "(float32 is the exact reference)")
     p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the draft's precision "
-                   "(int8: int8 linear layers, CPU only); auto keeps the fastest one-token step")
+                   "(int8: int8 linear layers; int4: 4-bit weights in groups of 32, bfloat16 activations; both CPU "
+                   "only); auto keeps the fastest one-token step")
+    p.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how both models' forwards run; "
+                   "compiled: torch.compile, each decoding shape compiled the first time it is met (a minute or two "
+                   "on 2 CPU cores, seconds once in the cache); eager (the default) is the exact reference")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -110,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 00,01 (default: all)")
     co.add_argument("--report", default=None, metavar="PAGE", help="then render what the notebooks measured (OUT/"
                     "results/<machine>) as this machine's page into PAGE, e.g. runs/report.md (python -m ssd report)")
+    co.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how the notebooks' models run "
+                    "(their forward parameter; default eager); a user's run only, not the stored one")
 
     sw = sub.add_parser("sweep", help="run a notebook over a YAML parameter grid with papermill; resumable")
     sw.add_argument("grid", help="the grid file (YAML: name, notebook, parameters, grid; see ssd.course.sweep)")
@@ -208,6 +214,8 @@ def check_arguments(args) -> None:
     if hasattr(args, "target_dtype"):
         checks.check_precision_name(args.target_dtype, "target_dtype")
         checks.check_precision_name(args.draft_dtype, "draft_dtype")
+    if hasattr(args, "forward"):
+        checks.check_choice(args.forward, "forward", FORWARDS)
     if hasattr(args, "prompts"):  # bench, hit-rates; ssd.bench.prompts is free of torch
         from .bench.prompts import load_prompts
 

@@ -43,8 +43,9 @@ def setup(args) -> tuple[object, SSDConfig]:
 
 def load(args):
     """The pair the arguments name, at the precisions they ask for (auto: decided on this machine, and said)."""
-    pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device)
-    print(f"[ssd] {pair.precisions.label}: {pair.precisions.reason}", file=sys.stderr)
+    pair = load_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype, device=args.device,
+                     forward=args.forward)
+    print(f"[ssd] {pair.precisions.label}, {pair.forward} forwards: {pair.precisions.reason}", file=sys.stderr)
     print(f"[ssd] float32 layers multiply in {library_line(pair)}", file=sys.stderr)
     return pair
 
@@ -166,7 +167,8 @@ def cmd_course(args) -> int:
     if args.report and course.in_place(args.notebooks, args.out):
         raise ValueError(f"report needs a user's run: --out {args.out} is the notebooks' own folder (the stored run, "
                          f"which writes no results); give another --out, e.g. runs/course")
-    seconds = course.run_course(args.notebooks, args.out, only)
+    parameters = {"forward": args.forward} if args.forward != "eager" else None  # eager: the notebooks' default
+    seconds = course.run_course(args.notebooks, args.out, only, parameters=parameters)
     print("\n".join(f"{name:32s} {s:6.0f} s" for name, s in seconds.items()))
     return _render_page(args.out, args.report) if args.report else 0
 
@@ -250,7 +252,7 @@ def cmd_profile(args) -> None:
     check_cores(args.verifier_cores, "verifier_cores")
     check_cores(args.drafter_cores, "drafter_cores")
     pair = random_pair(args.pair, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype,
-                       device=resolve_device(args.device)) if args.random_weights else load(args)
+                       device=resolve_device(args.device), forward=args.forward) if args.random_weights else load(args)
     result = profile.measure(pair, verifier_cores=args.verifier_cores, drafter_cores=args.drafter_cores, reps=args.reps,
                              batch_size=args.batch_size)
     _show_profile(args, result, pair.precisions.label)

@@ -1,4 +1,5 @@
 """K and B on auto (issue 11): the tuner re-decides as the estimates move, and auto runs stay lossless."""
+import dataclasses
 import json
 
 import pytest
@@ -312,6 +313,18 @@ def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_au
         assert records.stored(str(path), pair) is None, role  # another precision: another model's numbers
         assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
         assert f"{role} int8" in records.not_stored_line(str(path), pair)
+
+
+def test_a_stored_bench_answers_only_for_the_forwards_it_ran_on(tmp_path, pair):
+    """A bench stored before forwards were recorded ran eager; a compiled pair's numbers are another model's."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(stored_bench(pair)))
+    compiled = dataclasses.replace(pair, forward="compiled")
+    assert records.stored(str(path), pair)["source"] == str(path) and records.stored(str(path), compiled) is None
+    path.write_text(json.dumps(stored_bench(pair) | {"forward": "compiled"}))
+    assert records.stored(str(path), compiled)["elsewhere"] is None and records.stored(str(path), pair) is None
+    note = records.stored(str(path), pair, other_precisions=True)["elsewhere"]
+    assert "with compiled forwards (this pair here: eager)" in note
 
 
 def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path, pair):

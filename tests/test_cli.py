@@ -145,7 +145,8 @@ def test_help_and_argument_errors_answer_before_torch_loads():
              "from ssd import cli\n"
              "for argv in (['--help'], ['bench', '--k', 'x'], ['bench', '--max-new-tokens', '0'],\n"
              "             ['bench', '--methods', 'ar,sd:k=two'], ['generate', '--prompt', 'x', '--backup', 'slow'],\n"
-             "             ['profile', '--target-dtype', 'int4'], ['sweep', 'grid.yaml', '--jobs', '0'],\n"
+             "             ['profile', '--target-dtype', 'int3'], ['bench', '--forward', 'jit'],\n"
+             "             ['sweep', 'grid.yaml', '--jobs', '0'],\n"
              "             ['report', '--help'], ['report', '--from', 'no/such/folder']):\n"
              "    err = io.StringIO()\n"
              "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), "
@@ -159,7 +160,8 @@ def test_help_and_argument_errors_answer_before_torch_loads():
     assert lines[2:-1] == ["error: max_new_tokens must be an integer >= 1, got 0",
                            "error: method variant 'sd:k=two': 'two' is neither an integer nor 'auto'",
                            "error: backup must be one of jit, fast, auto; got 'slow'",
-                           "error: target_dtype must be one of float32, bfloat16, float16, int8, auto; got 'int4'",
+                           "error: target_dtype must be one of float32, bfloat16, float16, int8, int4, auto; got "
+                           "'int3'", "error: forward must be one of eager, compiled; got 'jit'",
                            "error: jobs must be an integer >= 1, got 0", "",
                            "error: --from must be a folder of one machine's bench JSONs, got 'no/such/folder' (no such "
                            "folder)"], out

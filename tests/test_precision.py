@@ -35,12 +35,12 @@ def test_names_and_dtypes_are_accepted():
 
 @pytest.mark.parametrize("bad", ["fp32", "bf16", "", None, torch.int8])
 def test_bad_precision_names_the_parameter_and_the_choices(bad):
-    with pytest.raises(ValueError, match=r"draft_dtype must be one of float32, bfloat16, float16, int8, auto"):
+    with pytest.raises(ValueError, match=r"draft_dtype must be one of float32, bfloat16, float16, int8, int4, auto"):
         check_precision(bad, "draft_dtype")
 
 
 def test_auto_is_refused_where_a_concrete_precision_is_needed():
-    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, int8; got 'auto'"):
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, int8, int4; got 'auto'"):
         convert(tiny_pair().draft, "auto")
 
 
@@ -183,6 +183,7 @@ def test_near_tie_bound_is_a_few_units_in_the_last_place():
     assert near_tie_bound(20.0, "float16") == pytest.approx(4 * 2 ** -6)
     assert near_tie_bound(20.0, "float32") == 0.0  # in float32 no difference is excused
     assert near_tie_bound(20.0, "int8") is None
+    assert near_tie_bound(20.0, "int4") == near_tie_bound(20.0, "bfloat16")  # bfloat16 activations
 
 
 def test_identity_report_reads_ars_margin_at_the_first_difference():

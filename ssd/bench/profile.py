@@ -163,7 +163,7 @@ def measure(pair, *, verifier_cores="0", drafter_cores="1", tokens=TARGET_TOKENS
     bar.close()
     return Profile(pair.name, pair.precisions.as_dict(), capability(), v_cores, d_cores, context, target, tree,
                    bandwidth, {"target": step_bytes(pair.target), "draft": step_bytes(pair.draft)},
-                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size, commit=commit())
+                   time.strftime("%Y-%m-%dT%H:%M:%S"), glue, batch_size, commit=commit(), forward=pair.forward)
 
 
 def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, tokens=TARGET_TOKENS,
@@ -173,6 +173,7 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
            cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
            check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
     key += [batch_size] if batch_size != 1 else []  # b = 1 keeps the name it always had
+    key += [pair.forward] if pair.forward != "eager" else []  # and eager forwards too
     key = json.dumps(key + [library_of(pair.target), library_of(pair.draft)])  # which library multiplied (ssd.models.kernels)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -214,6 +215,7 @@ def answers_for(profile: Profile, pair, verifier_cores="0", drafter_cores="1", c
     return (profile.engine == "torch" and profile.pair == pair.name
             and profile.precisions.get("target") == pair.precisions.target
             and profile.precisions.get("draft") == pair.precisions.draft
+            and profile.forward == pair.forward
             and _kind(profile) == machine_kind(pair.target.device)
             and profile.capability.get("torch") == capability()["torch"]
             and profile.verifier_cores == check_cores(verifier_cores, "verifier_cores")

@@ -61,7 +61,7 @@ def bench_record(result: dict, pair, args: dict, profile=None, batch_profiles: d
     and date), the precisions, the latency profile it was priced on and, where given, those of the other b."""
     kept = {key: value for key, value in result.items() if key != "spans"}
     record = {"args": args, "environment": environment(pair.target.device), "precision": pair.precisions.as_dict(),
-              "profile": profile.to_dict() if profile else None}
+              "forward": pair.forward, "profile": profile.to_dict() if profile else None}
     if batch_profiles is not None:
         record["batch_profiles"] = {str(b): p.to_dict() for b, p in batch_profiles.items() if b != 1}
     return record | kept
@@ -82,13 +82,16 @@ def stored(path: str, pair, *, other_precisions: bool = False) -> dict | None:
     same_pair = result.get("args", {}).get("pair") == pair.name
     same_precisions = (precision.get("target") == pair.precisions.target
                        and precision.get("draft") == pair.precisions.draft)
-    if not same_pair or not (same_precisions or other_precisions):
+    forward = result.get("forward", "eager")  # a bench stored before forwards were recorded ran eager
+    if not same_pair or not ((same_precisions and forward == pair.forward) or other_precisions):
         return None
     there, here = kind_of(result.get("environment", {})), machine_kind(pair.target.device)
     notes = [] if there == here else [f"on another kind of machine ({kind_line(there)}; this one: {kind_line(here)})"]
     if not same_precisions:
         notes.append(f"at target {precision.get('target')}, draft {precision.get('draft')} (this pair here: "
                      f"{pair.precisions.label})")
+    if forward != pair.forward:
+        notes.append(f"with {forward} forwards (this pair here: {pair.forward})")
     elsewhere = f"measured {' and '.join(notes)}: shown as stored, not re-measured" if notes else None
     return result | {"source": path, "elsewhere": elsewhere}
 
@@ -105,7 +108,8 @@ def stored_or_run(path: str, pair, prompts, methods: list[str], config: DecodeCo
     if found is not None or not measure_missing:
         return found
     result = run_bench(pair, prompts, methods, config, progress=progress, autotune=autotune)
-    return result | {"source": "measured here", "elsewhere": None, "precision": pair.precisions.as_dict()}
+    return result | {"source": "measured here", "elsewhere": None, "precision": pair.precisions.as_dict(),
+                     "forward": pair.forward}
 
 
 def machine_to_show(root: str, machine: str, device="cpu", having: str | None = None) -> str | None:

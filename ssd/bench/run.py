@@ -287,7 +287,8 @@ def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], 
                                                                       frame)
                 rows.append({"prompt_id": _answer_id(prompt, turn), "category": prompt.category, "turn": turn + 1,
                              "prompt_tokens": len(contexts[method][i]), "target_dtype": pair.precisions.target,
-                             "draft_dtype": pair.precisions.draft, "call": first + start, **row})
+                             "draft_dtype": pair.precisions.draft, "forward": pair.forward, "call": first + start,
+                             **row})
                 runs.append((method, i, tokens, trace, frame))
                 bar.update()
     return rows, runs

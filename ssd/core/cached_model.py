@@ -36,8 +36,9 @@ COMPACT_FRACTION = 0.25  # compact once that shortens the cache by this share: a
 # The default of CachedModel(fixed_shapes=...). True: attention over the cache's whole bucket, with a mask always, and
 # rows and tree branches in buckets (the shapes a compiled forward needs; float32 logits move by about 1e-6, the tokens
 # of every identity test and golden.json stay). False: over the slots in use, without a mask where none is invalid (a
-# DynamicCache's forward, bit for bit: the eager reference). False until the compiled forwards that need fixed shapes
-# land (issue 56, item 2): eager, the bucket's extra slots and dead rows cost 5-10% at short contexts and buy nothing.
+# DynamicCache's forward, bit for bit: the eager reference). False unless the model says it needs them (a compiled
+# forward, ssd.models.forwards, sets its `fixed_shapes` attribute): eager, the bucket's extra slots and dead rows cost
+# 5-10% at short contexts and buy nothing.
 FIXED_SHAPES = False
 
 
@@ -47,7 +48,9 @@ class CachedModel:
     def __init__(self, model, rows: int = 1, fixed_shapes: bool | None = None):
         self.model = model
         self.device = model.device
-        self.fixed_shapes = FIXED_SHAPES if fixed_shapes is None else fixed_shapes
+        if fixed_shapes is None:  # a compiled forward (ssd.models.forwards) says it needs them: a graph holds shapes
+            fixed_shapes = getattr(model, "fixed_shapes", FIXED_SHAPES)
+        self.fixed_shapes = fixed_shapes
         self.cache = SlotCache(model.config, self.fixed_shapes, device=self.device)
         self.rows = list(range(rows))  # the rows still in the batch, in the cache's order
         self.batch = self._bucket(rows)  # rows computed per forward: the live ones first, then dead ones
@@ -122,7 +125,8 @@ class CachedModel:
         self.cache.place(width)
         masking = {}
         if self.fixed_shapes or not valid.all():
-            positions = (valid.cumsum(1) - 1).clamp(min=0)[:, base:]  # [b, width] each row's own positions
+            # [b, width] each row's own positions (contiguous: a graph's guards hold its inputs' strides too)
+            positions = (valid.cumsum(1) - 1).clamp(min=0)[:, base:].clone(memory_format=torch.contiguous_format)
             masking = dict(attention_mask=self._mask(valid, width), position_ids=positions.to(self.device))
         model = self.model if keep else self.model.base_model
         scored = dict(logits_to_keep=torch.arange(width - keep, width, device=self.device)) if keep else {}

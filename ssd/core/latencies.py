@@ -41,6 +41,7 @@ class Profile:
     # the K + 1 tokens verified, K draft steps, the target's verify pass, and the whole round; "k": the K replayed.
     # None: not replayed (the kit's engine, b > 1)
     round_ms: dict | None = None
+    forward: str = "eager"  # how the kit's models ran the passes: eager or compiled (ssd.models.forwards)
 
     def __post_init__(self):
         # JSON keys come back as strings

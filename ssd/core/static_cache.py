@@ -3,10 +3,12 @@
 One ``SlotLayer`` per attention layer holds keys and values of [b, heads, capacity, dim], allocated once and written
 by ``index_copy_`` at the slots a forward fills; no torch.cat per step. Those slots are an index on the model's device,
 one tensor per block width kept at a fixed address and refilled before each forward (``SlotCache.place``), so a
-captured graph replays with the next step's slots. The write pointer ``end`` is where the next forward's block lands; moving it back (``crop``) is a rollback: the slots past it stay in memory, stale, and are
-overwritten by the next write (``CachedModel.valid`` marks them invalid meanwhile). The capacity is a bucket, a power
-of two from MIN_SLOTS up: a cache that outgrows its bucket is copied once into the next one, so a decode of n tokens
-reallocates about log2(n / MIN_SLOTS) times, and a compiled forward sees one shape per bucket.
+captured graph replays with the next step's slots. The write pointer ``end`` is where the next forward's block lands
+(in fixed shapes ``place`` moves it past the block at once, so that a compiled forward's writes read no Python int
+that changes from step to step); moving it back (``crop``) is a rollback: the slots past it stay in memory, stale, and
+are overwritten by the next write (``CachedModel.valid`` marks them invalid meanwhile). The capacity is a bucket, a
+power of two from MIN_SLOTS up: a cache that outgrows its bucket is copied once into the next one, so a decode of n
+tokens reallocates about log2(n / MIN_SLOTS) times, and a compiled forward sees few shapes.
 
 What attention reads (``fixed_shapes``):
 
@@ -59,14 +61,25 @@ class SlotLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros(b, heads, self.capacity, key_states.shape[-1])
         self.values = value_states.new_zeros(b, heads, self.capacity, value_states.shape[-1])
         self.is_initialized = True
+        self._static_addresses()
+
+    def _static_addresses(self) -> None:
+        """Tell torch.compile the buffers stay where they are (a CUDA graph may then write them in place)."""
+        if self.fixed_shapes:
+            for states in (self.keys, self.values):
+                torch._dynamo.mark_static_address(states)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the block's keys and values [b, heads, width, dim] at slots end..end + width - 1, in place."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         width = key_states.shape[-2]
-        self.reserve(self.end + width)
         slots, self.placed = self.placed, None  # used once: an unplaced forward writes at end, as its own index
+        if self.fixed_shapes and slots is not None:  # place() moved the pointer: no Python int a graph would hold
+            self.keys.index_copy_(2, slots, key_states)
+            self.values.index_copy_(2, slots, value_states)
+            return self.keys, self.values
+        self.reserve(self.end + width)
         if slots is None or len(slots) != width:
             slots = torch.arange(self.end, self.end + width, device=self.device)
         self.keys.index_copy_(2, slots, key_states)
@@ -83,6 +96,7 @@ class SlotLayer(CacheLayerMixin):
         self.capacity = bucket(slots)
         if self.is_initialized:
             self.keys, self.values = (_grown(states, self.capacity) for states in (self.keys, self.values))
+            self._static_addresses()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return (self.capacity if self.fixed_shapes else self.end + query_length), 0
@@ -110,6 +124,7 @@ class SlotLayer(CacheLayerMixin):
             self.values.copy_(self.values[indices])
         else:
             self.keys, self.values = self.keys[indices], self.values[indices]
+            self._static_addresses()
 
     def gather_slots(self, index: torch.Tensor) -> None:
         """Slot j of row i takes slot index[i, j] (index [b, n], n <= end), in place; the pointer moves to n."""
@@ -148,8 +163,11 @@ class SlotCache(Cache):
             index = self.index[width] = torch.empty(width, dtype=torch.long, device=self.device)
         end = self.get_seq_length()
         index.copy_(torch.arange(end, end + width))
+        if self.fixed_shapes:  # the block's slots are taken now, so the forward's writes need not read the pointer
+            self.reserve(end + width)
         for layer in self.layers:
             layer.placed = index
+            layer.end += width if self.fixed_shapes else 0
         return index
 
     @property

@@ -29,6 +29,7 @@ from .pair import ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_s
 from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, choose, decision_path, fixed,
                              load_decision, save_decision)
 from .capability import capability, check_supported
+from .forwards import check_forward, compile_forward
 from .precision import check_precision, convert
 from .timing import forward_ms
 from .tiny import tiny_pair
@@ -38,15 +39,18 @@ from .tiny import tiny_pair
 # load_pair: the one entry point
 
 
-def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="auto", device="cpu",
+def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="auto", device="cpu", forward="eager",
               progress=True) -> Pair:
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
 
-    target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers) or auto, the precision
-    that makes speculation pay on this machine (ssd.models.auto_precision; tiny pairs, the tests' exact reference, stay
-    float32). pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda,
+    target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers), int4 (CPU: 4-bit weights,
+    ssd.models.int4) or auto, the precision that makes speculation pay on this machine (ssd.models.auto_precision;
+    tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda,
     cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
+    forward: eager (the exact reference) or compiled (ssd.models.forwards: each decoding shape compiled the first time
+    it is met, kept in the user cache).
     """
+    check_forward(forward)
     device = resolve_device(device)
     precisions = _precisions(name, target_dtype, draft_dtype, device, progress)
     if name in PAIRS:
@@ -58,7 +62,10 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
     else:
         ids = _hub_ids(name)
         pair = _load_hub_pair(ids[0], ids[1], precisions, device)
-    pair.source, pair.precisions = name, precisions
+    pair.source, pair.precisions, pair.forward = name, precisions, forward
+    if forward == "compiled":
+        compile_forward(pair.target, "target", progress)
+        compile_forward(pair.draft, "draft", progress)
     return pair
 
 

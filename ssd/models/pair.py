@@ -26,6 +26,8 @@ class Pair:
     source: object = None
     # What each model runs at and why (ssd.models.auto_precision.Precisions); recorded with every measurement.
     precisions: Precisions = field(default_factory=lambda: fixed("float32", "float32", why="loaded as given"))
+    # How both models' forwards run (ssd.models.forwards): eager or compiled; recorded with every measurement.
+    forward: str = "eager"
     # The two-rank pipeline generate_ssd_pipeline keeps for this pair between calls (a
     # ssd.pipeline.launch.Pipeline, which sets and clears it; close_pipeline(pair) closes it), None while there is
     # none. On the pair, so that two pairs never share a drafter; not an argument, so dataclasses.replace gives the

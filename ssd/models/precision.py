@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from ..checks import check_precision_name
+from .int4 import Int4Linear, RescoredLogits, quantizable, to_int4
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,14 +74,20 @@ def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bo
     precision = check_precision(precision, parameter, allow_auto=False)
     if precision == "int8":
         return _quantize(model, parameter)
+    if precision == "int4" and model.device.type != "cpu":
+        raise ValueError(f"{parameter}=int4 is CPU-only (torch's int4 CPU kernel); the model is on {model.device}")
     head = model.get_output_embeddings()
     keep = float_logits and precision != "float32" and isinstance(head, torch.nn.Linear) and (
         head.weight is not model.get_input_embeddings().weight)
     if keep:
         model.set_output_embeddings(torch.nn.Identity())  # out of the way of the conversion below
-    model = model.to(DTYPES[precision])
-    if keep:
-        model.set_output_embeddings(FloatLogits(head))
+    if precision == "int4":  # a draft's output layer too: it changes only what is accepted (ssd.models.int4)
+        model.int4_report = to_int4(model, head=not float_logits)
+    else:
+        model = model.to(DTYPES[precision])
+    if keep:  # int4: the int4 layer, its best candidates' logits again in float32 (ssd.models.int4)
+        rescored = precision == "int4" and quantizable(head)
+        model.set_output_embeddings(RescoredLogits(head) if rescored else FloatLogits(head))
     return model
 
 
@@ -99,6 +106,8 @@ def precision_of(model) -> str:
     """float32 | bfloat16 | float16 | int8, read off the model itself."""
     if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
         return "int8"
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        return "int4"
     return check_precision(next(model.parameters()).dtype, "model dtype", allow_auto=False)
 
 

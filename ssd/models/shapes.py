@@ -14,6 +14,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .auto_precision import fixed
+from .forwards import check_forward, compile_forward
 from .capability import accelerator_precision
 from .pair import Pair
 from .precision import check_precision, convert
@@ -60,7 +61,7 @@ def random_model(name: str, role: str, precision: str, device, layers: int | Non
 
 
 def random_pair(name: str = "qwen2.5-coder", *, target_dtype="auto", draft_dtype="auto", device="cpu",
-                layers: int | None = None) -> Pair:
+                layers: int | None = None, forward: str = "eager") -> Pair:
     """The named pair's draft and target with random weights, for timing (``ssd.bench.profile``) only."""
     device = torch.device(device)
     precisions = {}
@@ -70,5 +71,9 @@ def random_pair(name: str = "qwen2.5-coder", *, target_dtype="auto", draft_dtype
     draft = random_model(name, "draft", precisions["draft"], device, layers)
     target = random_model(name, "target", precisions["target"], device, layers, seed=1)
     why = "random weights in the pair's shapes, for timing only"
-    return Pair(draft, target, tokenizer=None, name=name + SUFFIX,
-                precisions=fixed(precisions["target"], precisions["draft"], why=why))
+    pair = Pair(draft, target, tokenizer=None, name=name + SUFFIX,
+                precisions=fixed(precisions["target"], precisions["draft"], why=why), forward=check_forward(forward))
+    if forward == "compiled":
+        compile_forward(target, "target")
+        compile_forward(draft, "draft")
+    return pair

@@ -1,0 +1,104 @@
+"""How a model's forward runs: ``eager`` (PyTorch op by op: the exact reference, what the unit tests use) or
+``compiled`` (torch.compile: inductor on a CPU, CUDA graphs on a GPU).
+
+Why: eager, a step is a few hundred small ops the host runs one by one around the matrix products. On a GPU that is
+most of a small model's step (the H200's eager steps were launch-bound: 18-41 ms against a 0.9 ms memory floor). On
+this project's 2-core CPUs the products dominate (137 of the 1.5B bfloat16 target's 173 ms a step), so compiling
+buys a few percent there (docs/precision.md, "Compiled forwards"); fewer bytes a weight (``int4``) is the lever.
+
+What compiles: the model's decoder (its ``base_model``) over a block of at most ``MAX_WIDTH`` slots on a KV cache that
+already holds its buffers: the target's step and its K + 1 verify pass, the draft's step and its tree pass. A wider
+block and a first pass (a prompt's) run eager on the same weights and cache, as does the output layer (on a CPU
+inductor would multiply a float32 output layer with MKL, 2.5 times slower than the oneDNN ``ssd.models.kernels``
+picks on this project's AMD EPYC).
+
+One graph serves every width, batch and cache bucket (``dynamic=True``; a width of 1 gets its own): a decode meets a
+few widths (1, K + 1 and the shorter passes at an answer's end) in a few buckets, and a graph per shape cost some 30 s
+each. A compiled model still runs in fixed shapes (``CachedModel``'s ``fixed_shapes``, read off the model's
+``fixed_shapes`` attribute set here): attention over the cache's whole bucket, batches and tree branches in
+power-of-two buckets, so that the shapes a graph meets are few and a CUDA graph can be replayed.
+
+On a CPU inductor compiles with freezing (the weights become constants it lays out for its own kernels); the decoder's
+float32 layers go back to torch's ``nn.Linear`` first (the oneDNN layer of ``ssd.models.kernels`` is an op inductor
+cannot trace). On a GPU the mode is ``reduce-overhead``: CUDA graphs, which need the cache's buffers at fixed addresses
+(``ssd.core.static_cache`` marks them so).
+
+What a compile makes is kept in the user cache (inductor's cache, ``TORCHINDUCTOR_CACHE_DIR``, under ``~/.cache/ssd``
+unless the variable is set): a later process traces the model again but compiles nothing.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ..checks import check_choice
+from ..files import cache_dir
+from ..names import FORWARDS
+from .gguf_store import log
+from .kernels import use_torch
+
+MAX_WIDTH = 16  # blocks of at most this many slots run compiled: a step, a verify pass, a tree depth's branches
+MAX_GRAPHS = 32  # graphs per model (torch's default of 8 is short of a decode's widths times the cache's buckets)
+INDUCTOR_CACHE = "inductor"  # under the user cache
+# What the first compile costs, as measured (docs/precision.md, "Compiled forwards"): said before it starts
+FIRST_COMPILE = "about 2 to 3 minutes on 2 CPU cores for the offline pair's 1.5B target, seconds for a tiny model"
+
+
+def check_forward(value, parameter: str = "forward") -> str:
+    return check_choice(value, parameter, FORWARDS)
+
+
+def forward_of(model) -> str:
+    """eager | compiled: how the model's forward runs."""
+    return "compiled" if getattr(model, "compiled_shapes", None) is not None else "eager"
+
+
+def compile_forward(model, role: str = "model", progress: bool = True):
+    """The model with its decoder's forward compiled (in place), to run in fixed shapes. role names it in the line
+    the first compile prints."""
+    if forward_of(model) == "compiled":
+        return model
+    body = model.base_model
+    use_torch(body)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / INDUCTOR_CACHE))
+    on_gpu = model.device.type == "cuda"
+    compiled = torch.compile(body.forward, dynamic=True, fullgraph=True,
+                             **({"mode": "reduce-overhead"} if on_gpu else {"options": {"freezing": True}}))
+    eager, graphs = body.forward, {}
+
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is None or ids.shape[1] > MAX_WIDTH or not _allocated(kwargs.get("cache")):
+            return eager(*args, **kwargs)
+        if not graphs:
+            log(progress, f"compiling the {role}'s forward (once: {FIRST_COMPILE}; later processes read the cache)")
+        made, start = _graphs_made(), time.perf_counter()
+        with torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS, accumulated_recompile_limit=4 * MAX_GRAPHS):
+            out = compiled(*args, **kwargs)
+        if _graphs_made() != made:  # this call compiled (or read from the cache) a graph for its shape
+            graphs[_shape(kwargs)] = time.perf_counter() - start
+        return out
+
+    body.forward = forward
+    model.fixed_shapes = True  # CachedModel's default for this model: a graph holds its shapes
+    model.compiled_shapes = graphs  # shape -> seconds the call that made its graph took: what a bench can record
+    return model
+
+
+def _graphs_made() -> int:
+    """Graphs torch.compile has made in this process (a count torch keeps)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _allocated(cache) -> bool:
+    """Whether a forward runs on a KV cache whose buffers exist: the first forward over a cache allocates them, eager
+    (a graph is for the passes that repeat, and a CUDA graph needs the buffers' addresses before it is recorded)."""
+    return cache is not None and all(getattr(layer, "is_initialized", False) for layer in cache.layers)
+
+
+def _shape(kwargs) -> tuple:
+    """(rows, width, slots attention reads, logits kept) of a forward's block: what a graph is compiled for."""
+    ids, mask, keep = kwargs["input_ids"], kwargs.get("attention_mask"), kwargs.get("logits_to_keep")
+    return (*ids.shape, mask.shape[-1] if mask is not None else 0, len(keep) if torch.is_tensor(keep) else keep or 0)

@@ -1,0 +1,151 @@
+"""The ``int4`` precision: weight-only 4-bit linear layers in groups of 32, run by torch's own CPU kernel
+(``aten._weight_int4pack_mm_for_cpu``), with the rest of the model (embeddings, norms, attention, activations) in
+bfloat16.
+
+Why: on a CPU a decoding step streams every weight once, so its time is the weights' bytes over the memory's
+bandwidth. The offline pair's 1.5B target in bfloat16 spent 137 of its 173 ms a step in matrix products (compiled,
+this project's AMD EPYC); at 4 bits a weight the same products read a quarter of the bytes (one 8960 x 1536 layer:
+0.38 ms a row against 1.47 in bfloat16).
+
+What is kept: the offline pair's weights come from GGUF Q4_K_M files, and Q4_K is itself 4-bit values with a scale
+and a minimum per 32 weights: within such a group every weight is ``d * sc * q - dmin * m`` for q in 0..15. torch's
+layout is the same shape of thing, ``(q - 8) * scale + zero`` per group of 32, so a Q4_K group maps onto it exactly
+with ``scale = d * sc`` and ``zero = 8 * scale - dmin * m``: here both are found again from the float32 weights the kit
+caches (the group's minimum is -dmin * m, its maximum (15 * d * sc - dmin * m) where some q is 15), and only the
+rounding of scale and zero to bfloat16, which torch's kernel takes, moves a weight. ``quantize`` reports per layer how
+far its weights moved: a Q6_K tensor of the same file (its 64 levels) does not fit 16 and moves further; it is
+requantized to 16 levels all the same (said in ``report``).
+
+The output layer: a target's is int4 with its 64 best logits a position computed again in float32
+(``RescoredLogits``): the kernel returns bfloat16, whose logits grid turns near-ties into exact ties broken differently
+by a one-token step and a verify pass, and a float32 layer (``ssd.models.precision.FloatLogits``) would cost the
+1.5B target some 40 of its 90 ms a step. A draft's is plain int4 (the draft's logits change only acceptance, never the
+output). A layer whose input width is not a multiple of the group, or its output width of 16, stays bfloat16 (a
+target's output layer then float32).
+
+The kernel takes bfloat16 activations only on its vector path (float32 falls to a scalar loop some 30 times slower),
+and a CPU only: int4 is refused on a GPU (``ssd.models.capability``).
+"""
+from __future__ import annotations
+
+import torch
+
+GROUP = 32  # weights per scale and zero: Q4_K's sub-block
+LEVELS = 15  # q in 0..LEVELS
+MIDDLE = 8  # torch's kernel computes (q - MIDDLE) * scale + zero
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x W^T + b with W in 4-bit groups: packed weights [out, in / 2] uint8, scales and zeros [in / GROUP, out, 2]
+    bfloat16, bias bfloat16. Takes and returns bfloat16."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None,
+                 in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear) -> tuple["Int4Linear", float]:
+        """The layer in int4, and the largest change of one of its weights relative to its largest weight."""
+        weight = layer.weight.detach().float()
+        q, scales_and_zeros = quantize(weight)
+        moved = (dequantize(q, scales_and_zeros) - weight).abs().max() / weight.abs().max().clamp(min=1e-30)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        bias = layer.bias.detach().to(torch.bfloat16) if layer.bias is not None else None
+        return cls(packed, scales_and_zeros, bias, layer.in_features, layer.out_features), float(moved)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={GROUP}"
+
+
+class RescoredLogits(torch.nn.Module):
+    """A target's output layer at int4 with float32 logits where they decide: every logit from the int4 layer
+    (bfloat16), then the CANDIDATES largest of each position computed again in float32 from the float32 weights
+    (their rows gathered: 64 x 1536 floats a position, not the whole 151,936-row layer).
+
+    A greedy choice is then FloatLogits' own wherever its token is among the int4 layer's 64 best, and the top two's
+    margin is float32's, so a one-token step and a verify pass break a near-tie as the float32 layer does, not on the
+    bfloat16 grid. The logits outside the candidates stay the int4 layer's: at temperature > 0 this model's
+    distribution is that mixture, the same in every pass and every method, as a target's must be."""
+
+    CANDIDATES = 64
+
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.approximate, _ = Int4Linear.from_linear(head)
+        self.register_buffer("exact", head.weight.detach().float())  # [V, hidden]
+        self.register_buffer("exact_bias", head.bias.detach().float() if head.bias is not None else None)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.exact
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.approximate(hidden.to(torch.bfloat16)).float()  # [..., V]
+        top = logits.topk(min(self.CANDIDATES, logits.shape[-1]), dim=-1).indices  # [..., C]
+        exact = (self.exact[top] @ hidden.float()[..., None])[..., 0]  # [..., C]
+        if self.exact_bias is not None:
+            exact = exact + self.exact_bias[top]
+        return logits.scatter(-1, top, exact)
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] float32 -> (q [out, in] int32 in 0..LEVELS, scales and zeros [in / GROUP, out, 2] bfloat16):
+    each group's minimum and maximum span the 16 levels (a Q4_K group's own scale and minimum, where it uses q = 0 and
+    q = 15)."""
+    out, width = weight.shape
+    groups = weight.reshape(out, width // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)  # [out, in / GROUP]
+    scale = ((high - low) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+    zero = low + MIDDLE * scale
+    # the levels from the scale and zero as the kernel will read them (bfloat16), so their rounding is not doubled
+    scale_b, zero_b = scale.to(torch.bfloat16).float(), zero.to(torch.bfloat16).float()
+    q = ((groups - zero_b[..., None]) / scale_b[..., None] + MIDDLE).round().clamp(0, LEVELS)
+    scales_and_zeros = torch.stack([scale_b, zero_b], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return q.reshape(out, width).to(torch.int32), scales_and_zeros
+
+
+def dequantize(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """The float32 weights [out, in] the kernel multiplies by."""
+    out, width = q.shape
+    scale, zero = (scales_and_zeros[..., i].float().t()[..., None] for i in (0, 1))  # [out, in / GROUP, 1]
+    return ((q.reshape(out, width // GROUP, GROUP) - MIDDLE) * scale + zero).reshape(out, width)
+
+
+OUT_BLOCK = 16  # the kernel packs output rows 16 at a time
+
+
+def quantizable(layer) -> bool:
+    return (type(layer) is torch.nn.Linear and layer.in_features % GROUP == 0 and layer.out_features % OUT_BLOCK == 0
+            and layer.weight.device.type == "cpu")
+
+
+def to_int4(model, *, head: bool) -> dict:
+    """The model's linear layers in int4, in place, and the rest in bfloat16; head: the output layer too (else it is
+    left as it is). Returns the report: layers converted, kept, and the largest relative move of a weight."""
+    output = model.get_output_embeddings()
+    if head and output is not None and output.weight is model.get_input_embeddings().weight:
+        output.weight = torch.nn.Parameter(output.weight.detach().clone())  # tied: the embedding's lookup stays
+    moved, kept = [], []
+    for name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if child is output and not head:
+                continue
+            if quantizable(child):
+                layer, move = Int4Linear.from_linear(child)
+                setattr(parent, child_name, layer)
+                moved.append(move)
+            elif type(child) is torch.nn.Linear:
+                kept.append(f"{name}.{child_name}".lstrip("."))
+    model.to(torch.bfloat16)
+    return {"int4_layers": len(moved), "kept_bfloat16": kept, "largest_move": max(moved, default=0.0)}

@@ -1,0 +1,83 @@
+"""Compiled forwards (ssd.models.forwards): one flag away from eager, refused by name when misspelt, and lossless: every
+method on a compiled tiny pair draws golden.json's tokens and rounds, which the eager forwards drew."""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+import torch
+
+from ssd.core.cached_model import CachedModel
+from ssd.models.forwards import MAX_WIDTH, forward_of
+from ssd.models.loading import load_pair
+from ssd.models.tiny import tiny_pair
+
+
+def _golden():
+    """tests/test_golden.py's cases and its record of a run (pytest imports test files by path, not as a package)."""
+    spec = importlib.util.spec_from_file_location("golden_cases", pathlib.Path(__file__).with_name("test_golden.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+golden = _golden()
+
+
+def test_a_misspelt_forward_is_refused_by_name_before_anything_loads():
+    with pytest.raises(ValueError, match="forward must be one of eager, compiled; got 'jit'"):
+        load_pair("no-such-pair", forward="jit")  # the forward is checked before the pair's name
+
+
+def test_a_pair_is_eager_unless_asked_and_says_so():
+    pair = load_pair("tiny")
+    assert pair.forward == "eager" and forward_of(pair.target) == forward_of(pair.draft) == "eager"
+    assert CachedModel(pair.target).fixed_shapes is False
+
+
+def test_a_model_that_needs_fixed_shapes_gets_them_by_default():
+    model = tiny_pair().target
+    model.fixed_shapes = True  # what compile_forward sets
+    assert CachedModel(model).fixed_shapes is True
+    assert CachedModel(model, fixed_shapes=False).fixed_shapes is False  # asked: as asked
+
+
+@pytest.fixture(scope="module")
+def compiled_pair():
+    return load_pair("tiny", forward="compiled", progress=False)
+
+
+@pytest.mark.integration  # inductor compiles C++ with the system's compiler: a process
+@pytest.mark.parametrize("case", ["ar", "sd", "ssd-uniform", "ssd-calibrated"])
+def test_compiled_forwards_draw_the_golden_tokens_and_rounds(compiled_pair, case):
+    pinned = json.loads(golden.GOLDEN.read_text())
+    _, method, fields = next(c for c in golden.CASES if c[0] == case)
+    for t in golden.TEMPERATURES:
+        for s in golden.SEEDS:
+            now, key = golden.record(compiled_pair, method, fields, t, s), golden.key(case, t, s)
+            assert now["tokens"] == pinned[key]["tokens"], f"{key}: tokens moved"
+            assert now["rounds"] == pinned[key]["rounds"], f"{key}: rounds moved"
+
+
+@pytest.mark.integration
+def test_the_compiled_pair_compiled_the_decoding_shapes_only(compiled_pair):
+    """After the golden cases: the steps, verify passes and tree depths compiled, each shape once; no prompt-wide
+    block and no pass without logits."""
+    golden.record(compiled_pair, "sd", {"k": 3}, 0.0, 0)
+    assert compiled_pair.forward == "compiled"
+    for model in (compiled_pair.target, compiled_pair.draft):
+        shapes = model.compiled_shapes
+        assert shapes and all(width <= MAX_WIDTH for _, width, _, _ in shapes)
+        assert all(seconds > 0 for seconds in shapes.values())
+
+
+@pytest.mark.integration
+def test_a_compiled_pass_gives_the_eager_logits(compiled_pair):
+    eager = tiny_pair()
+    ids = [i % 16 for i in range(5, 60)]
+    got, want = CachedModel(compiled_pair.target), CachedModel(eager.target, fixed_shapes=True)
+    for cached in (got, want):
+        cached.prefill(ids[:40])
+    for n in (41, 45, 50):
+        a, b = got.logits(ids[:n], keep=n - got.length()), want.logits(ids[:n], keep=n - want.length())
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
