@@ -65,7 +65,8 @@ def compile_forward(model, role: str = "model", progress: bool = True):
     use_torch(body)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / INDUCTOR_CACHE))
     on_gpu = model.device.type == "cuda"
-    compiled = torch.compile(body.forward, dynamic=True, fullgraph=True, **({"mode": "reduce-overhead"} if on_gpu else {}))
+    mode = {"mode": "reduce-overhead"} if on_gpu else {}
+    compiled = torch.compile(body.forward, dynamic=True, fullgraph=True, **mode)
     eager, graphs = body.forward, {}
 
     def forward(*args, **kwargs):
