@@ -41,7 +41,9 @@ from .gguf_store import log
 from .kernels import use_torch
 
 MAX_WIDTH = 16  # blocks of at most this many slots run compiled: a step, a verify pass, a tree depth's branches
-MAX_GRAPHS = 32  # graphs per model (torch's default of 8 is short of a decode's widths times the cache's buckets)
+# Graphs per model before torch runs a new shape eager (and warns): dynamic shapes need a few (a width of 1, then one
+# for the rest, and a recompile where a guard on the sizes fails); torch's default of 8 was met by a static-shape bench
+MAX_GRAPHS = 32
 INDUCTOR_CACHE = "inductor"  # under the user cache
 # What the first compile costs, as measured (docs/precision.md, "Compiled forwards"): said before it starts
 FIRST_COMPILE = "about 2 to 3 minutes on 2 CPU cores for the offline pair's 1.5B target, seconds for a tiny model"
@@ -84,7 +86,7 @@ def compile_forward(model, role: str = "model", progress: bool = True):
 
     body.forward = forward
     model.fixed_shapes = True  # CachedModel's default for this model: a graph holds its shapes
-    model.compiled_shapes = graphs  # shape -> seconds the call that made its graph took: what a bench can record
+    model.compiled_shapes = graphs  # (rows, width, slots) -> seconds the call that made a graph took
     return model
 
 
@@ -100,6 +102,6 @@ def _allocated(cache) -> bool:
 
 
 def _shape(kwargs) -> tuple:
-    """(rows, width, slots attention reads, logits kept) of a forward's block: what a graph is compiled for."""
-    ids, mask, keep = kwargs["input_ids"], kwargs.get("attention_mask"), kwargs.get("logits_to_keep")
-    return (*ids.shape, mask.shape[-1] if mask is not None else 0, len(keep) if torch.is_tensor(keep) else keep or 0)
+    """(rows, width, slots attention reads) of the forward's block that made a graph."""
+    ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+    return (*ids.shape, mask.shape[-1] if mask is not None else 0)

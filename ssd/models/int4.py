@@ -10,11 +10,13 @@ this project's AMD EPYC); at 4 bits a weight the same products read a quarter of
 What is kept: the offline pair's weights come from GGUF Q4_K_M files, and Q4_K is itself 4-bit values with a scale
 and a minimum per 32 weights: within such a group every weight is ``d * sc * q - dmin * m`` for q in 0..15. torch's
 layout is the same shape of thing, ``(q - 8) * scale + zero`` per group of 32, so a Q4_K group maps onto it exactly
-with ``scale = d * sc`` and ``zero = 8 * scale - dmin * m``: here both are found again from the float32 weights the kit
-caches (the group's minimum is -dmin * m, its maximum (15 * d * sc - dmin * m) where some q is 15), and only the
-rounding of scale and zero to bfloat16, which torch's kernel takes, moves a weight. ``quantize`` reports per layer how
-far its weights moved: a Q6_K tensor of the same file (its 64 levels) does not fit 16 and moves further; it is
-requantized to 16 levels all the same (said in ``report``).
+with ``scale = d * sc`` and ``zero = 8 * scale - dmin * m``. Both are found again from the float32 weights the kit
+caches: a group's minimum is -dmin * m and its maximum 15 * d * sc - dmin * m where it holds a q of 0 and one of 15,
+and there only the rounding of scale and zero to bfloat16, which torch's kernel takes, moves a weight; a group that
+spans fewer levels gets a finer grid of its own, which rounds each weight by at most half its step. A Q6_K tensor of
+the same file (its 64 levels) does not fit 16 and moves further; it is requantized to 16 levels all the same.
+``to_int4``'s report (kept as ``model.int4_report``) gives the largest move of a weight, relative to its layer's
+largest.
 
 The output layer: a target's is int4 with its 64 best logits a position computed again in float32
 (``RescoredLogits``): the kernel returns bfloat16, whose logits grid turns near-ties into exact ties broken differently
@@ -33,6 +35,7 @@ import torch
 GROUP = 32  # weights per scale and zero: Q4_K's sub-block
 LEVELS = 15  # q in 0..LEVELS
 MIDDLE = 8  # torch's kernel computes (q - MIDDLE) * scale + zero
+OUT_BLOCK = 16  # the kernel packs output rows 16 at a time
 
 
 class Int4Linear(torch.nn.Module):
@@ -120,9 +123,6 @@ def dequantize(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
     out, width = q.shape
     scale, zero = (scales_and_zeros[..., i].float().t()[..., None] for i in (0, 1))  # [out, in / GROUP, 1]
     return ((q.reshape(out, width // GROUP, GROUP) - MIDDLE) * scale + zero).reshape(out, width)
-
-
-OUT_BLOCK = 16  # the kernel packs output rows 16 at a time
 
 
 def quantizable(layer) -> bool:

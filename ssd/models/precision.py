@@ -1,4 +1,5 @@
-"""A model's precision: its names, and converting a model to one (a float dtype with float32 logits, or int8).
+"""A model's precision: its names, and converting a model to one (a float dtype with float32 logits, int8, or int4:
+``ssd.models.int4``).
 What the machine supports is ``ssd.models.capability``; the ``auto`` choice ``ssd.models.auto_precision``.
 
 Precision decides the regime speculation runs in (docs/precision.md, "The regime"). On a CPU a float32 pass over K + 1
