@@ -173,7 +173,7 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
            cap["isa"], cap["flags"], cap["torch"], check_cores(verifier_cores, "verifier_cores"),
            check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
     key += [batch_size] if batch_size != 1 else []  # b = 1 keeps the name it always had
-    key += [pair.forward] if pair.forward != "eager" else []  # and eager forwards too
+    key += [pair.forward] if pair.forward != "eager" else []  # compiled: another profile; eager keeps its name
     key = json.dumps(key + [library_of(pair.target), library_of(pair.draft)])  # which library multiplied (ssd.models.kernels)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
