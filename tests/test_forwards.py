@@ -1,8 +1,6 @@
 """Compiled forwards (ssd.models.forwards): one flag away from eager, refused by name when misspelt, and lossless: every
 method on a compiled tiny pair draws golden.json's tokens and rounds, which the eager forwards drew."""
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
@@ -11,17 +9,7 @@ from ssd.core.cached_model import CachedModel
 from ssd.models.forwards import MAX_WIDTH, forward_of
 from ssd.models.loading import load_pair
 from ssd.models.tiny import tiny_pair
-
-
-def _golden():
-    """tests/test_golden.py's cases and its record of a run (pytest imports test files by path, not as a package)."""
-    spec = importlib.util.spec_from_file_location("golden_cases", pathlib.Path(__file__).with_name("test_golden.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-golden = _golden()
+from tests import test_golden as golden  # its cases and its record of a run
 
 
 def test_a_misspelt_forward_is_refused_by_name_before_anything_loads():

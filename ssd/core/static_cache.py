@@ -167,7 +167,8 @@ class SlotCache(Cache):
             self.reserve(end + width)
         for layer in self.layers:
             layer.placed = index
-            layer.end += width if self.fixed_shapes else 0
+            if self.fixed_shapes:
+                layer.end += width
         return index
 
     @property

@@ -58,6 +58,15 @@ def forward_of(model) -> str:
     return "compiled" if getattr(model, "compiled_shapes", None) is not None else "eager"
 
 
+def set_forward(pair, forward: str, progress: bool = True):
+    """The pair with both models' forwards run as `forward` says (compiled: in place), and recorded on it."""
+    pair.forward = check_forward(forward)
+    if forward == "compiled":
+        compile_forward(pair.target, "target", progress)
+        compile_forward(pair.draft, "draft", progress)
+    return pair
+
+
 def compile_forward(model, role: str = "model", progress: bool = True):
     """The model with its decoder's forward compiled (in place), to run in fixed shapes. role names it in the line
     the first compile prints."""

@@ -29,7 +29,7 @@ from .pair import ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_s
 from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, choose, decision_path, fixed,
                              load_decision, save_decision)
 from .capability import capability, check_supported
-from .forwards import check_forward, compile_forward
+from .forwards import check_forward, set_forward
 from .precision import check_precision, convert
 from .timing import forward_ms
 from .tiny import tiny_pair
@@ -45,10 +45,10 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers), int4 (CPU: 4-bit weights,
     ssd.models.int4) or auto, the precision that makes speculation pay on this machine (ssd.models.auto_precision;
-    tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device: auto (CUDA, else MPS, else the CPU), cpu, cuda,
-    cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16 where the GPU lacks it, and on MPS).
-    forward: eager (the exact reference) or compiled (ssd.models.forwards: each decoding shape compiled the first time
-    it is met, kept in the user cache).
+    tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device:
+    auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16
+    where the GPU lacks it, and on MPS). forward: eager (the exact reference) or compiled (ssd.models.forwards: the
+    decoders compiled at their first step, what the compile makes kept in the user cache).
     """
     check_forward(forward)
     device = resolve_device(device)
@@ -62,11 +62,8 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
     else:
         ids = _hub_ids(name)
         pair = _load_hub_pair(ids[0], ids[1], precisions, device)
-    pair.source, pair.precisions, pair.forward = name, precisions, forward
-    if forward == "compiled":
-        compile_forward(pair.target, "target", progress)
-        compile_forward(pair.draft, "draft", progress)
-    return pair
+    pair.source, pair.precisions = name, precisions
+    return set_forward(pair, forward, progress)
 
 
 def load_draft(name: str, *, precision="float32", device="cpu", progress=True) :

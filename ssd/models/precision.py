@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from ..checks import check_precision_name
+from .capability import check_supported
 from .int4 import Int4Linear, RescoredLogits, quantizable, to_int4
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,8 +76,8 @@ def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bo
     precision = check_precision(precision, parameter, allow_auto=False)
     if precision == "int8":
         return _quantize(model, parameter)
-    if precision == "int4" and model.device.type != "cpu":
-        raise ValueError(f"{parameter}=int4 is CPU-only (torch's int4 CPU kernel); the model is on {model.device}")
+    if precision == "int4":
+        check_supported(precision, model.device, parameter)
     head = model.get_output_embeddings()
     keep = float_logits and precision != "float32" and isinstance(head, torch.nn.Linear) and (
         head.weight is not model.get_input_embeddings().weight)

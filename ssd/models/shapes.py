@@ -14,7 +14,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .auto_precision import fixed
-from .forwards import check_forward, compile_forward
+from .forwards import check_forward, set_forward
 from .capability import accelerator_precision
 from .pair import Pair
 from .precision import check_precision, convert
@@ -63,6 +63,7 @@ def random_model(name: str, role: str, precision: str, device, layers: int | Non
 def random_pair(name: str = "qwen2.5-coder", *, target_dtype="auto", draft_dtype="auto", device="cpu",
                 layers: int | None = None, forward: str = "eager") -> Pair:
     """The named pair's draft and target with random weights, for timing (``ssd.bench.profile``) only."""
+    check_forward(forward)  # before any model is built
     device = torch.device(device)
     precisions = {}
     for role, value in (("target", target_dtype), ("draft", draft_dtype)):
@@ -72,8 +73,5 @@ def random_pair(name: str = "qwen2.5-coder", *, target_dtype="auto", draft_dtype
     target = random_model(name, "target", precisions["target"], device, layers, seed=1)
     why = "random weights in the pair's shapes, for timing only"
     pair = Pair(draft, target, tokenizer=None, name=name + SUFFIX,
-                precisions=fixed(precisions["target"], precisions["draft"], why=why), forward=check_forward(forward))
-    if forward == "compiled":
-        compile_forward(target, "target")
-        compile_forward(draft, "draft")
-    return pair
+                precisions=fixed(precisions["target"], precisions["draft"], why=why))
+    return set_forward(pair, forward)
