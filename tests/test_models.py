@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -13,7 +14,7 @@ from ssd.models import gguf_store, loading as models
 from ssd.files import cache_lock
 from ssd.models.gguf_store import GGUFSpec, ModelPartError, join_parts
 from ssd.models.loading import load_pair
-from ssd.models.pair import check_same_tokenizer
+from ssd.models.pair import ModelLoadError, check_same_tokenizer
 from ssd.models.tiny import tiny_pair
 
 
@@ -295,6 +296,15 @@ def test_registered_pair_loads_through_the_cache(tmp_path, monkeypatch):
         assert torch.equal(pair.draft(x).logits, tiny.draft(x).logits)
         assert torch.equal(pair.target(x).logits, tiny.target(x).logits)
     assert not pair.target.training and not any(p.requires_grad for p in pair.target.parameters())
+
+
+def test_a_disk_too_full_for_the_cache_is_refused_before_joining(tmp_path, private_cache, monkeypatch):
+    spec = dataclasses.replace(shipped_spec(tmp_path, monkeypatch, tiny_pair().target, "full"), cache_size=10**12)
+    monkeypatch.setattr(gguf_store, "join_parts", lambda *a, **k: pytest.fail("joined on a full disk"))
+    with pytest.raises(ModelLoadError, match=r"tiny full: building its float32 cache needs 1000\.0 GB free under .*"
+                                             r"SSD_CACHE_DIR"):
+        gguf_store.ensure_cached(spec, progress=False)
+    assert list((private_cache / "models").iterdir()) == []
 
 
 def test_interrupted_first_load_leaves_no_cache(tmp_path, private_cache, monkeypatch):

@@ -33,6 +33,7 @@ class GGUFSpec:
     parts: tuple[tuple[str, str], ...]  # (module, file inside it), in joining order
     size: int                           # bytes of the joined GGUF file
     sha256: str                         # of the joined GGUF file
+    cache_size: int = 0                 # bytes of its float32 cache, for the free-space check before a build
 
 
 def chunks(module_prefix: str, count: int) -> tuple[tuple[str, str], ...]:
@@ -174,9 +175,20 @@ def ensure_all_cached(specs, progress=True) -> None:
         ensure_cached(spec, progress)
 
 
+def check_free_space(models: pathlib.Path, spec: GGUFSpec) -> None:
+    """Refuse a build the disk cannot hold before joining anything: a full disk half-way through a 7 GB write fails
+    late, and fills the disk for every other process meanwhile."""
+    need = spec.size + spec.cache_size  # the joined file and the cache lie side by side until the file is deleted
+    free = shutil.disk_usage(models).free
+    if free < need * 1.05:
+        raise ModelLoadError(f"{spec.name}: building its float32 cache needs {need / 1e9:.1f} GB free under {models}, "
+                             f"which has {free / 1e9:.1f} GB; free some space, or set SSD_CACHE_DIR to a disk with room")
+
+
 def _build(paths, models: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec, progress) -> None:
     models.mkdir(parents=True, exist_ok=True)
     _remove_stale_work(models, spec.slug)
+    check_free_space(models, spec)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.slug}.work-{os.getpid()}-", dir=models))
     try:
         log(progress, f"joining parts of {spec.name}")

