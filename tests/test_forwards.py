@@ -1,11 +1,13 @@
 """Compiled forwards (ssd.models.forwards): one flag away from eager, refused by name when misspelt, and lossless: every
 method on a compiled tiny pair draws golden.json's tokens and rounds, which the eager forwards drew."""
 import json
+import os
 
 import pytest
 import torch
 
 from ssd.core.cached_model import CachedModel
+from ssd.models import forwards
 from ssd.models.forwards import MAX_WIDTH, forward_of
 from ssd.models.loading import load_pair
 from ssd.models.tiny import tiny_pair
@@ -69,3 +71,15 @@ def test_a_compiled_pass_gives_the_eager_logits(compiled_pair):
     for n in (41, 45, 50):
         a, b = got.logits(ids[:n], keep=n - got.length()), want.logits(ids[:n], keep=n - want.length())
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_inductors_cache_goes_under_the_user_cache_unless_the_user_chose_a_folder(monkeypatch, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "ssd"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))  # what importing torch sets
+    forwards._keep_inductor_cache_in_user_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "ssd" / forwards.INDUCTOR_CACHE)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    forwards._keep_inductor_cache_in_user_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")

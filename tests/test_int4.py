@@ -7,10 +7,12 @@ from ssd import generate_ar, generate_sd, generate_ssd
 from ssd.core.decoding import DecodeConfig
 from ssd.core.speculation import SSDConfig
 from ssd.models.capability import unsupported_reason
+from ssd.models import int4, int4_store, loading
 from ssd.models.int4 import GROUP, Int4Linear, RescoredLogits, dequantize, quantize
 from ssd.models.loading import load_pair
 from ssd.models.precision import convert, precision_of, weight_bytes
 from ssd.models.tiny import tiny_pair
+from tests import test_models
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -104,3 +106,37 @@ def test_every_method_at_int4_reproduces_int4_ar(method):
 def test_int4_runs_on_cpus_only():
     assert "CPUs only" in unsupported_reason("int4", "cuda")
     assert unsupported_reason("int4", "cpu") is None
+
+
+def test_a_second_int4_load_reads_the_kept_levels_and_gives_the_same_model(tmp_path, monkeypatch):
+    first_pair, second_pair = tiny_pair(), tiny_pair()
+    with int4_store.kept(tmp_path) as levels:
+        first = convert(first_pair.target, "int4", float_logits=True, int4_levels=levels)
+    assert (tmp_path / int4_store.file_name()).is_file() and "lm_head" in levels
+    monkeypatch.setattr(int4, "levels_of", lambda *a: pytest.fail("quantized again"))
+    with int4_store.kept(tmp_path) as levels:
+        second = convert(second_pair.target, "int4", float_logits=True, int4_levels=levels)
+    x = torch.tensor([PROMPT])
+    with torch.no_grad():
+        assert torch.equal(first(x).logits, second(x).logits)
+    assert first.int4_report == second.int4_report
+
+
+def test_a_shipped_model_at_int4_keeps_its_levels_beside_its_float32_cache(tmp_path, monkeypatch):
+    private_cache = tmp_path / "cache"
+    monkeypatch.setenv("SSD_CACHE_DIR", str(private_cache))
+    spec = test_models.shipped_spec(tmp_path, monkeypatch, tiny_pair().draft, "kept")
+    first, _ = loading._load_cached(spec, "int4", "cpu", progress=False, role="draft")
+    assert (private_cache / "models" / "kept" / int4_store.file_name()).is_file()
+    monkeypatch.setattr(int4, "levels_of", lambda *a: pytest.fail("quantized again"))
+    second, _ = loading._load_cached(spec, "int4", "cpu", progress=False, role="draft")
+    x = torch.tensor([PROMPT])
+    with torch.no_grad():
+        assert torch.equal(first(x).logits, second(x).logits)
+
+
+def test_a_disk_that_refuses_the_levels_leaves_the_load_to_quantize_again(tmp_path, capsys):
+    with int4_store.kept(tmp_path / "gone") as levels:  # no such folder: the write fails
+        convert(tiny_pair().draft, "int4", int4_levels=levels)
+    assert "could not keep the int4 layers" in capsys.readouterr().err
+    assert not (tmp_path / "gone").exists()

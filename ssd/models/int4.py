@@ -30,12 +30,37 @@ and a CPU only: int4 is refused on a GPU (``ssd.models.capability``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 GROUP = 32  # weights per scale and zero: Q4_K's sub-block
 LEVELS = 15  # q in 0..LEVELS
 MIDDLE = 8  # torch's kernel computes (q - MIDDLE) * scale + zero
 OUT_BLOCK = 16  # the kernel packs output rows 16 at a time
+
+
+@dataclass(frozen=True)
+class Levels:
+    """One layer's weights in int4, as the kernel takes them: the levels packed ([out, in / 2] uint8, in a layout
+    that depends on torch's version and the CPU's vector width), scales and zeros [in / GROUP, out, 2] bfloat16, and
+    the largest move of a weight relative to the layer's largest. What a later load needs to skip the quantizing."""
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    moved: float
+
+
+def levels_of(weight: torch.Tensor) -> Levels:
+    q, scales_and_zeros = quantize(weight)
+    moved = (dequantize(q, scales_and_zeros) - weight).abs().max() / weight.abs().max().clamp(min=1e-30)
+    return Levels(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), scales_and_zeros, float(moved))
+
+
+def found(levels: dict[str, Levels], name: str, layer: torch.nn.Linear) -> Levels:
+    """The named layer's levels from levels, else quantized now and added to it."""
+    if name not in levels:
+        levels[name] = levels_of(layer.weight.detach().float())
+    return levels[name]
 
 
 class Int4Linear(torch.nn.Module):
@@ -51,14 +76,12 @@ class Int4Linear(torch.nn.Module):
         self.register_buffer("bias", bias)
 
     @classmethod
-    def from_linear(cls, layer: torch.nn.Linear) -> tuple["Int4Linear", float]:
-        """The layer in int4, and the largest change of one of its weights relative to its largest weight."""
-        weight = layer.weight.detach().float()
-        q, scales_and_zeros = quantize(weight)
-        moved = (dequantize(q, scales_and_zeros) - weight).abs().max() / weight.abs().max().clamp(min=1e-30)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    def from_linear(cls, layer: torch.nn.Linear, levels: Levels | None = None) -> tuple["Int4Linear", float]:
+        """The layer in int4, and the largest change of one of its weights relative to its largest weight. levels:
+        this layer's, kept from an earlier conversion of the same weights (ssd.models.int4_store), else found here."""
+        levels = levels or levels_of(layer.weight.detach().float())
         bias = layer.bias.detach().to(torch.bfloat16) if layer.bias is not None else None
-        return cls(packed, scales_and_zeros, bias, layer.in_features, layer.out_features), float(moved)
+        return cls(levels.packed, levels.scales_and_zeros, bias, layer.in_features, layer.out_features), levels.moved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -83,9 +106,9 @@ class RescoredLogits(torch.nn.Module):
 
     CANDIDATES = 64
 
-    def __init__(self, head: torch.nn.Linear):
+    def __init__(self, head: torch.nn.Linear, levels: Levels | None = None):
         super().__init__()
-        self.approximate, _ = Int4Linear.from_linear(head)
+        self.approximate, _ = Int4Linear.from_linear(head, levels)
         self.register_buffer("exact", head.weight.detach().float())  # [V, hidden]
         self.register_buffer("exact_bias", head.bias.detach().float() if head.bias is not None else None)
 
@@ -130,9 +153,13 @@ def quantizable(layer) -> bool:
             and layer.weight.device.type == "cpu")
 
 
-def to_int4(model, *, head: bool) -> dict:
+def to_int4(model, *, head: bool, levels: dict[str, Levels] | None = None) -> dict:
     """The model's linear layers in int4, in place, and the rest in bfloat16; head: the output layer too (else it is
-    left as it is). Returns the report: layers converted, kept, and the largest relative move of a weight."""
+    left as it is). Returns the report: layers converted, kept, and the largest relative move of a weight.
+
+    levels: by layer name, each layer's int4 levels from an earlier conversion of the same weights; a layer not in
+    it is quantized here and added to it (the caller keeps it: ssd.models.int4_store)."""
+    levels = {} if levels is None else levels
     output = model.get_output_embeddings()
     if head and output is not None and output.weight is model.get_input_embeddings().weight:
         output.weight = torch.nn.Parameter(output.weight.detach().clone())  # tied: the embedding's lookup stays
@@ -142,7 +169,7 @@ def to_int4(model, *, head: bool) -> dict:
             if child is output and not head:
                 continue
             if quantizable(child):
-                layer, move = Int4Linear.from_linear(child)
+                layer, move = Int4Linear.from_linear(child, found(levels, f"{name}.{child_name}".lstrip("."), child))
                 setattr(parent, child_name, layer)
                 moved.append(move)
             elif type(child) is torch.nn.Linear:

@@ -30,6 +30,7 @@ from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, c
                              load_decision, save_decision)
 from .capability import capability, check_supported
 from .forwards import check_forward, set_forward
+from . import int4_store
 from .precision import check_precision, convert
 from .timing import forward_ms
 from .tiny import tiny_pair
@@ -83,10 +84,12 @@ def load_draft(name: str, *, precision="float32", device="cpu", progress=True) :
     return _at_precision(_load_hub_model(ids[0])[0], precision, device, "draft")
 
 
-def _at_precision(model, precision: str, device, role: str):
+def _at_precision(model, precision: str, device, role: str, int4_levels=None):
     """A model loaded in float32, ready at its role's precision on this device. One copy of the weights is ever
-    cached on disk (float32); every precision is made from it at load time. A target keeps float32 logits."""
-    model = convert(ready(model, device), precision, f"{role}_dtype", float_logits=role == "target")
+    cached on disk (float32); every precision is made from it at load time (int4's levels, slow to find, are kept
+    beside it: ssd.models.int4_store). A target keeps float32 logits."""
+    model = convert(ready(model, device), precision, f"{role}_dtype", float_logits=role == "target",
+                    int4_levels=int4_levels)
     choose_library(model)  # float32 layers on a CPU: torch's default library or oneDNN, whichever is faster here
     return model
 
@@ -211,7 +214,12 @@ def _load_cached(spec: GGUFSpec, precision, device, progress, role: str):
     with transformers_bars(progress):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return _at_precision(model, precision, device, role), tokenizer
+    if precision != "int4":
+        return _at_precision(model, precision, device, role), tokenizer
+    with int4_store.kept(folder) as levels:
+        if not levels:
+            log(progress, f"quantizing {spec.name} to int4 (about 40 s for the 1.5B model; kept for the next load)")
+        return _at_precision(model, precision, device, role, levels), tokenizer
 
 
 def _load_registered(name: str, spec: PairSpec, precisions: Precisions, device, progress) -> Pair:

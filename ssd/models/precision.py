@@ -31,7 +31,7 @@ import torch
 
 from ..checks import check_precision_name
 from .capability import check_supported
-from .int4 import Int4Linear, RescoredLogits, quantizable, to_int4
+from .int4 import Int4Linear, RescoredLogits, found, quantizable, to_int4
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -66,30 +66,34 @@ class FloatLogits(torch.nn.Module):
         return self.head(hidden.float())
 
 
-def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bool = False):
+def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bool = False, int4_levels=None):
     """The model at this precision, in place (int8 replaces the Linear layers).
 
     float_logits (a target's): at bfloat16 or float16, an untied output layer stays float32 (FloatLogits), so the
     logits are not rounded to the reduced precision. A tied one shares its weights with the input embedding and
-    follows the model's precision.
+    follows the model's precision. int4_levels: at int4, the layers' levels by name from an earlier conversion of the
+    same weights, which what is quantized here joins (ssd.models.int4_store keeps them).
     """
     precision = check_precision(precision, parameter, allow_auto=False)
     if precision == "int8":
         return _quantize(model, parameter)
     if precision == "int4":
         check_supported(precision, model.device, parameter)
+    int4_levels = {} if int4_levels is None else int4_levels
     head = model.get_output_embeddings()
+    head_name = next((name for name, module in model.named_modules() if module is head), None)
     keep = float_logits and precision != "float32" and isinstance(head, torch.nn.Linear) and (
         head.weight is not model.get_input_embeddings().weight)
     if keep:
         model.set_output_embeddings(torch.nn.Identity())  # out of the way of the conversion below
     if precision == "int4":  # a draft's output layer too: it changes only what is accepted (ssd.models.int4)
-        model.int4_report = to_int4(model, head=not float_logits)
+        model.int4_report = to_int4(model, head=not float_logits, levels=int4_levels)
     else:
         model = model.to(DTYPES[precision])
     if keep:  # int4: the int4 layer, its best candidates' logits again in float32 (ssd.models.int4)
         rescored = precision == "int4" and quantizable(head)
-        model.set_output_embeddings(RescoredLogits(head) if rescored else FloatLogits(head))
+        model.set_output_embeddings(RescoredLogits(head, found(int4_levels, head_name, head)) if rescored
+                                    else FloatLogits(head))
     return model
 
 
