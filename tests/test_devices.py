@@ -138,13 +138,15 @@ def test_the_cli_refuses_a_missing_gpu_and_a_one_gpu_pipeline_before_loading(mon
     assert "the pipeline needs a second GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("device, tokens", [("cpu", 8), ("cuda", 64)])
-def test_the_bench_warms_a_gpu_up_over_a_whole_answer(monkeypatch, device, tokens):
-    """A GPU loads kernels at first use and picks them by shape: a short warm-up left their cost in the first answer."""
+@pytest.mark.parametrize("device, forward, tokens", [("cpu", "eager", 8), ("cuda", "eager", 64),
+                                                     ("cpu", "compiled", 64)])
+def test_the_bench_warms_a_gpu_or_compiled_forwards_up_over_a_whole_answer(monkeypatch, device, forward, tokens):
+    """A GPU loads kernels at first use and picks them by shape, and compiled forwards make a graph for a shape at its
+    first use: a short warm-up left their cost in the first answer."""
     calls = []
     monkeypatch.setattr(bench, "run_batch", lambda method, pair, contexts, config, seed, autotune=None: calls.append(
         (method, len(contexts), config.max_new_tokens)))
-    pair = SimpleNamespace(target=SimpleNamespace(device=torch.device(device)))
+    pair = SimpleNamespace(target=SimpleNamespace(device=torch.device(device)), forward=forward)
     bench.warm_up(pair, [[1, 2], [3]], ["ar", "sd:batch_size=2"], SSDConfig(max_new_tokens=64))
     assert calls == [("ar", 1, tokens), ("sd:batch_size=2", 2, tokens)]
 

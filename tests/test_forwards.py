@@ -6,7 +6,10 @@ import os
 import pytest
 import torch
 
+from ssd.bench.prompts import load_prompts
+from ssd.bench.run import run_bench
 from ssd.core.cached_model import CachedModel
+from ssd.core.decoding import DecodeConfig
 from ssd.models import forwards
 from ssd.models.forwards import MAX_WIDTH, forward_of
 from ssd.models.loading import load_pair
@@ -83,3 +86,12 @@ def test_inductors_cache_goes_under_the_user_cache_unless_the_user_chose_a_folde
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     forwards._keep_inductor_cache_in_user_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+@pytest.mark.integration
+def test_a_compiled_bench_makes_its_graphs_in_the_warm_up_and_says_so_per_answer():
+    pair = load_pair("tiny", forward="compiled", progress=False)
+    result = run_bench(pair, load_prompts("prose[0:3]"), ["ar", "sd"], DecodeConfig(k=3, max_new_tokens=12),
+                       progress=False)
+    assert [row["graphs_made"] for row in result["rows"]] == [0] * 6  # the warm-up decoded a whole answer each
+    assert all(row["forward"] == "compiled" for row in result["rows"])

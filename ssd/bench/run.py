@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decoding import DecodeConfig
+from ..models.forwards import graphs_made
 from ..files import write_json
 from .lossless import identity_report, text_identity
 from ..checks import check_at_least, parse_variant
@@ -147,11 +148,14 @@ def answer_order(methods: list[str], j: int) -> list[str]:
 def warm_up(pair, contexts: list[list[int]], methods: list[str], config: DecodeConfig, batch_size: int = 1,
             autotune: Autotune | None = None) -> None:
     """One untimed call per method, at its batch size: first calls pay for allocator growth and lazy initialisation.
-    On a CPU a short one does; a GPU loads each kernel at its first use and picks kernels by shape as the context
-    grows, so there it decodes a whole answer (after 8 tokens, an H200's first timed AR answer in bfloat16 still took
-    2.0 s against 0.13 s for the next, in make gpu-check on 2026-12-04). The methods on auto learn from these calls
-    too (the bench's autotune), as from every other."""
-    tokens = config.max_new_tokens if pair.target.device.type != "cpu" else min(WARM_UP_TOKENS, config.max_new_tokens)
+    On a CPU with eager forwards a short one does; a GPU loads each kernel at its first use and picks kernels by shape
+    as the context grows, so there it decodes a whole answer (after 8 tokens, an H200's first timed AR answer in
+    bfloat16 still took 2.0 s against 0.13 s for the next, in make gpu-check on 2026-12-04), and so do compiled
+    forwards, whose graphs are made for the widths and cache buckets an answer meets (after 8 tokens the first timed
+    answers still compiled). The methods on auto learn from these calls too (the bench's autotune), as from every
+    other."""
+    whole = pair.target.device.type != "cpu" or pair.forward == "compiled"
+    tokens = config.max_new_tokens if whole else min(WARM_UP_TOKENS, config.max_new_tokens)
     short = dataclasses.replace(config, max_new_tokens=tokens)
     for method in methods:
         run_batch(method, pair, contexts[: batch_size_of(method, batch_size)], short, 0, autotune)
@@ -276,8 +280,10 @@ def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], 
         b = batch_size_of(method, batch_size)
         for start in range(0, len(members), b):
             bar.set_postfix_str(f"{_answer_id(members[start], turn)} {method}" + (f" x{b}" if b > 1 else ""))
+            graphs = graphs_made()
             answered = run_batch(method, pair, contexts[method][start : start + b], config, seed + first + start,
                                  autotune)
+            graphs = graphs_made() - graphs  # compiled forwards: graphs this call made (its time includes them)
             for i, (tokens, row, trace) in enumerate(answered, start=start):
                 prompt = members[i]
                 # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
@@ -288,7 +294,7 @@ def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], 
                 rows.append({"prompt_id": _answer_id(prompt, turn), "category": prompt.category, "turn": turn + 1,
                              "prompt_tokens": len(contexts[method][i]), "target_dtype": pair.precisions.target,
                              "draft_dtype": pair.precisions.draft, "forward": pair.forward, "call": first + start,
-                             **row})
+                             "graphs_made": graphs, **row})
                 runs.append((method, i, tokens, trace, frame))
                 bar.update()
     return rows, runs

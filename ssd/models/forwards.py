@@ -88,11 +88,11 @@ def compile_forward(model, role: str = "model", progress: bool = True):
             return eager(*args, **kwargs)
         if not graphs:
             log(progress, f"compiling the {role}'s forward (once: {FIRST_COMPILE}; later processes read the cache)")
-        made, start = _graphs_made(), time.perf_counter()
+        made, start = graphs_made(), time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS, accumulated_recompile_limit=4 * MAX_GRAPHS,
                                         specialize_float=True):
             out = compiled(*args, **kwargs)
-        if _graphs_made() != made:  # this call compiled (or read from the cache) a graph for its shape
+        if graphs_made() != made:  # this call compiled (or read from the cache) a graph for its shape
             graphs[_shape(kwargs)] = time.perf_counter() - start
         return out
 
@@ -111,7 +111,7 @@ def _keep_inductor_cache_in_user_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / INDUCTOR_CACHE)
 
 
-def _graphs_made() -> int:
+def graphs_made() -> int:
     """Graphs torch.compile has made in this process (a count torch keeps)."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
