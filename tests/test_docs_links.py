@@ -1,5 +1,5 @@
-"""The documents' relative links hold: every target a link in README.md or docs/*.md names exists, and every `#anchor`
-is a heading of the file it points into (as GitHub names headings). Results move between folders (data/<machine>/,
+"""The documents' relative links hold: every target a link in the READMEs or docs/*.md names exists inside the
+repository, and every `#anchor` is a heading of the file it points into (as GitHub names headings). Results move between folders (data/<machine>/,
 data/archive/) and sections get renamed; a stale link is caught here rather than by a reader."""
 import pathlib
 import re
@@ -7,7 +7,8 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "data" / "README.md", ROOT / "notebooks" / "README.md",
+             *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -56,7 +57,7 @@ def targets(text: str) -> list[str]:
     return found
 
 
-def broken_links(path: pathlib.Path) -> list[str]:
+def broken_links(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
     """The relative links of one markdown file whose file or anchor is missing, each with what is wrong."""
     broken = []
     for target in targets(path.read_text()):
@@ -64,7 +65,9 @@ def broken_links(path: pathlib.Path) -> list[str]:
             continue
         file_part, _, anchor = target.partition("#")
         linked = (path.parent / file_part).resolve() if file_part else path
-        if not linked.exists():
+        if not linked.is_relative_to(root):  # a clone holds the repository only
+            broken.append(f"{target}: outside the repository")
+        elif not linked.exists():
             broken.append(f"{target}: no such file")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading #{anchor} in {linked.name}")
@@ -77,16 +80,20 @@ def test_every_relative_link_and_anchor_exists(path):
 
 
 def test_a_missing_file_or_heading_is_reported(tmp_path):
-    (tmp_path / "other.md").write_text("# Title\n\n## Saguaro's C (b = 1)\n\n## Earlier\n\n## Earlier\n")
-    page = tmp_path / "page.md"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (tmp_path / "elsewhere.md").write_text("# Elsewhere\n")  # there, but no clone holds it
+    (repo / "other.md").write_text("# Title\n\n## Saguaro's C (b = 1)\n\n## Earlier\n\n## Earlier\n")
+    page = repo / "page.md"
     page.write_text(
         "[ok](other.md#saguaros-c-b--1) [ok](other.md#earlier-1) [ok](#here) `[code](nowhere.md)`\n"
         "[0.98, 1.05]: an interval inside a paragraph, not a reference\n\n"
         "# Here\n\n[gone](missing.md) [stale](other.md#earlier-2) ![figure](fig.png) [web](https://example.com/x)\n"
-        "\n[ref]: gone.md\n")
-    assert broken_links(page) == [
+        "[away](../elsewhere.md)\n\n[ref]: gone.md\n")
+    assert broken_links(page, root=repo) == [
         "missing.md: no such file",
         "other.md#earlier-2: no heading #earlier-2 in other.md",
         "fig.png: no such file",
+        "../elsewhere.md: outside the repository",
         "gone.md: no such file",
     ]
