@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{REPORT_OUT}; its figures beside it)")
     r.add_argument("--pair", default=DEFAULT_PAIR, help=f"with --measure: the pair (default {DEFAULT_PAIR}; tiny for "
                    "a quick check of the wiring)")
+    r.add_argument("--forward", default="eager", help=f"with --measure: {' | '.join(FORWARDS)}, how the benches' "
+                   f"models run (default eager; compiled writes into {REPORT_DIR}/compiled/<machine>/)")
     return parser
 
 
@@ -259,6 +261,9 @@ def check_report(args) -> None:
         raise ValueError("--from and --measure exclude each other: --from renders results already measured")
     if args.out is not None and args.from_dir is None and not args.measure:
         raise ValueError("--out is the page of --from or --measure; with neither, report regenerates docs/results.md")
+    if args.forward != "eager" and not args.measure:
+        raise ValueError("--forward is how --measure's benches run; --from renders benches already run, whose forward "
+                         "each records")
     if args.from_dir is not None and not os.path.isdir(args.from_dir):
         raise ValueError(f"--from must be a folder of one machine's bench JSONs, got {args.from_dir!r} (no such "
                          "folder)")

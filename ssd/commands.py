@@ -311,21 +311,22 @@ def cmd_report(args) -> int:
         for path in report_files.regenerate(DATA, str(KIT_ROOT / "docs"), str(KIT_ROOT / "README.md")):
             print(f"wrote {path}")
         return 0
-    folder = args.from_dir if args.from_dir is not None else measure_headline(args.pair)
+    folder = args.from_dir if args.from_dir is not None else measure_headline(args.pair, args.forward)
     print(f"wrote {report_files.beside(folder, DATA, args.out or REPORT_OUT)}")
     return 0
 
 
-def measure_headline(pair: str) -> str:
+def measure_headline(pair: str, forward: str = "eager") -> str:
     """The headline table's benches on this machine (names.REPORT_BENCHES), each a `python -m ssd bench` of its own
-    with its progress bar, into REPORT_DIR/<machine>/headline_<name>.json; a bench already written is kept, and one
+    with its progress bar, into REPORT_DIR/<machine>/headline_<name>.json (compiled forwards: under
+    REPORT_DIR/compiled/, so neither run's benches are taken for the other's); a bench already written is kept, and one
     cut short resumes from its .partial file. Returns the folder. A process per bench: each loads the pair afresh, as
     the stored benches did, and a failure stops with the bench's own message."""
     import subprocess
 
     from .bench.machines import this_machine
 
-    folder = os.path.join(REPORT_DIR, this_machine())
+    folder = os.path.join(REPORT_DIR, *(["compiled"] if forward == "compiled" else []), this_machine())
     for name, (prompts, fan_out, methods) in REPORT_BENCHES.items():
         path = os.path.join(folder, f"headline_{name}.json")
         if os.path.exists(path):
@@ -333,7 +334,7 @@ def measure_headline(pair: str) -> str:
             continue
         command = [sys.executable, "-m", "ssd", "bench", "--pair", pair, "--methods", methods, "--prompts", prompts,
                    "--max-new-tokens", "48", "--temperature", "0", "-k", "4", "--budget", "4", "--fan-out", fan_out,
-                   "--json", path]
+                   "--forward", forward, "--json", path]
         if subprocess.run(command).returncode != 0:
             raise ValueError(f"pair {pair!r}: the bench for {path} failed (its message is above); a rerun resumes")
     return folder

@@ -170,3 +170,31 @@ def test_measure_runs_the_headline_benches_and_renders_the_page(tmp_path, monkey
     written = {p.name: p.stat().st_mtime for p in folder.iterdir()}
     assert main(["report", "--measure", "--pair", "tiny", "--out", "page.md"]) == 0
     assert {p.name: p.stat().st_mtime for p in folder.iterdir()} == written
+
+
+def test_report_measure_runs_its_benches_with_the_forward_asked_into_a_folder_of_their_own(monkeypatch, tmp_path):
+    import subprocess
+    from types import SimpleNamespace
+
+    from ssd import commands, names
+    from ssd.bench.machines import this_machine
+
+    commands_run = []
+    monkeypatch.setattr(subprocess, "run", lambda command: commands_run.append(command) or SimpleNamespace(
+        returncode=0))
+    monkeypatch.chdir(tmp_path)
+    folder = commands.measure_headline("tiny", "compiled")
+    assert folder == os.path.join(names.REPORT_DIR, "compiled", this_machine())
+    assert len(commands_run) == len(names.REPORT_BENCHES)
+    assert all(c[c.index("--forward") + 1] == "compiled" and c[c.index("--json") + 1].startswith(folder)
+               for c in commands_run)
+    assert commands.measure_headline("tiny") == os.path.join(names.REPORT_DIR, this_machine())  # eager: as before
+
+
+def test_report_refuses_a_forward_without_measure(capsys):
+    from ssd.cli import main
+
+    assert main(["report", "--forward", "compiled"]) == 2
+    assert "--forward is how --measure's benches run" in capsys.readouterr().err
+    assert main(["report", "--measure", "--forward", "jit"]) == 2
+    assert "forward must be one of eager, compiled; got 'jit'" in capsys.readouterr().err
