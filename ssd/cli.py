@@ -324,7 +324,8 @@ def torchrun_main(argv=None) -> int:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if rank == 1:
-        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype)
+        return serve_torchrun(args.pair, drafter_cores=args.drafter_cores, device=device, precision=args.draft_dtype,
+                              forward=args.forward)
     try:
         return main(argv)
     finally:

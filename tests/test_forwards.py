@@ -14,6 +14,7 @@ from ssd.models import forwards
 from ssd.models.forwards import MAX_WIDTH, forward_of
 from ssd.models.loading import load_pair
 from ssd.models.tiny import tiny_pair
+from ssd.pipeline.launch import close_pipelines
 from tests import test_golden as golden  # its cases and its record of a run
 
 
@@ -41,15 +42,21 @@ def compiled_pair():
 
 
 @pytest.mark.integration  # inductor compiles C++ with the system's compiler: a process
-@pytest.mark.parametrize("case", ["ar", "sd", "ssd-uniform", "ssd-calibrated"])
+@pytest.mark.parametrize("case", ["ar", "sd", "ssd-uniform", "ssd-calibrated", "ssd-pipeline"])
 def test_compiled_forwards_draw_the_golden_tokens_and_rounds(compiled_pair, case):
+    """The pipeline's drafter, in its own process, compiles its draft as the verifier's pair is compiled."""
     pinned = json.loads(golden.GOLDEN.read_text())
     _, method, fields = next(c for c in golden.CASES if c[0] == case)
-    for t in golden.TEMPERATURES:
-        for s in golden.SEEDS:
-            now, key = golden.record(compiled_pair, method, fields, t, s), golden.key(case, t, s)
-            assert now["tokens"] == pinned[key]["tokens"], f"{key}: tokens moved"
-            assert now["rounds"] == pinned[key]["rounds"], f"{key}: rounds moved"
+    try:
+        for t in golden.TEMPERATURES:
+            for s in golden.SEEDS:
+                now, key = golden.record(compiled_pair, method, fields, t, s), golden.key(case, t, s)
+                assert now["tokens"] == pinned[key]["tokens"], f"{key}: tokens moved"
+                assert now["rounds"] == pinned[key]["rounds"], f"{key}: rounds moved"
+        if case == "ssd-pipeline":
+            assert compiled_pair.pipeline.drafter.forward == "compiled"
+    finally:
+        close_pipelines()
 
 
 @pytest.mark.integration

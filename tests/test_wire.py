@@ -46,7 +46,8 @@ def generator_state() -> torch.Tensor:
 
 
 MESSAGES = [
-    Ready(vocab_size=151_936, host="node-b", pid=4242, device="cuda:1", cores=[1, 2], threads=2, precision="int8"),
+    Ready(vocab_size=151_936, host="node-b", pid=4242, device="cuda:1", cores=[1, 2], threads=2, precision="int8",
+          forward="compiled"),
     Start(prompts=[[1, 2, 3], [7, 7]], config=SSDConfig(k="auto", budget="auto", temperature=0.8),
           generator_state=generator_state(), rooms=[63, 63], vocab_size=151_936, timeout_s=120.0, sent_s=1234.5678,
           first_cores=(0, 1), latencies=profile()),

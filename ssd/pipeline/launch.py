@@ -45,6 +45,7 @@ import torch.multiprocessing as mp
 from ..models.cores import available_cores, check_cores, parse_cores, pin, pinned
 from ..core.decoding import Verifier, as_batch, batch_traces, check_prompts
 from ..models.devices import drafter_device, resolve_device
+from ..models.forwards import check_forward, compile_forward, forward_of
 from ..models.loading import check_pair_name, load_draft
 from ..models.precision import convert, precision_of
 from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_rounds
@@ -80,9 +81,10 @@ def _load_draft(source, precision: str, device):
     return convert(source().draft.to(device), precision, "draft_dtype")  # a factory (tests): it builds a whole pair
 
 
-def run_drafter(store, source, *, cores: str, device, backend: str, precision: str = "float32",
+def run_drafter(store, source, *, cores: str, device, backend: str, precision: str = "float32", forward="eager",
                 peer_gone=lambda: None, load_timeout_s: float = 600.0) -> None:
-    """All of rank 1's life: pin, join the group, load the draft, report ready, serve until told to stop."""
+    """All of rank 1's life: pin, join the group, load the draft (its forward as the verifier's pair runs its own:
+    ssd.models.forwards), report ready, serve until told to stop."""
     pin(check_cores(cores, "drafter_cores"))
     device = torch.device(device)
     if device.type == "cuda":
@@ -91,8 +93,11 @@ def run_drafter(store, source, *, cores: str, device, backend: str, precision: s
     channel = init_group(backend, store, 1, device, load_timeout_s, WIRE_TYPES)
     channel.peer_gone = peer_gone
     draft = _load_draft(source, precision, device)
+    if check_forward(forward) == "compiled":
+        compile_forward(draft, "drafter's draft", progress=False)
     ready = Ready(vocab_size=draft.config.vocab_size, host=socket.gethostname(), pid=os.getpid(), device=str(device),
-                  cores=available_cores(), threads=torch.get_num_threads(), precision=precision_of(draft))
+                  cores=available_cores(), threads=torch.get_num_threads(), precision=precision_of(draft),
+                  forward=forward_of(draft))
     channel.send(ready, timeout_s=load_timeout_s, doing="reporting that the draft is loaded")
     serve(channel, draft)
     # Only after a clean stop: after an error the link must stay up until the error is in the store, and the exit
@@ -110,7 +115,8 @@ def _report_failure(store) -> int:
     return 1
 
 
-def _drafter_process(port: int, source, cores: str, device: str, backend: str, precision: str, parent_pid: int) -> None:
+def _drafter_process(port: int, source, cores: str, device: str, backend: str, precision: str, forward: str,
+                     parent_pid: int) -> None:
     """Rank 1 as Pipeline spawns it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then ends this process
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
@@ -120,14 +126,14 @@ def _drafter_process(port: int, source, cores: str, device: str, backend: str, p
 
     try:
         run_drafter(store, source, cores=cores, device=device, backend=backend, precision=precision,
-                    peer_gone=parent_gone)
+                    forward=forward, peer_gone=parent_gone)
     except BaseException:
         code = _report_failure(store if not parent_gone() else None)
         os._exit(code)  # at once: the parent learns the exit code as soon as the link breaks
 
 
 def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision: str = "float32",
-                   load_timeout_s: float = 600.0) -> int:
+                   forward: str = "eager", load_timeout_s: float = 600.0) -> int:
     """Rank 1 of a torchrun job (or of RANK=1 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=...): serve until rank 0 is
     done. source: a pair name (loads only its draft) or a picklable factory returning a Pair; precision: the draft's
     (auto decides on this rank's own machine). Returns the exit code."""
@@ -135,7 +141,7 @@ def serve_torchrun(source, *, drafter_cores: str = "1", device="cpu", precision:
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     try:
         run_drafter(store, source, cores=drafter_cores, device=device, backend=backend, precision=precision,
-                    load_timeout_s=load_timeout_s)
+                    forward=forward, load_timeout_s=load_timeout_s)
     except BaseException:
         return _report_failure(store)
     return 0
@@ -228,7 +234,8 @@ class Pipeline:
         context = mp.get_context("spawn")  # a fresh interpreter: fork would copy the target and torch's thread pool
         process = context.Process(
             target=_drafter_process, name="ssd-drafter", daemon=True,
-            args=(self.store.port, source, cores, str(draft_device), backend, self.pair.precisions.draft, os.getpid()))
+            args=(self.store.port, source, cores, str(draft_device), backend, self.pair.precisions.draft,
+                  self.pair.forward, os.getpid()))
         process.start()
         self.process = process
         # Join the group only once the drafter is up: init_process_group blocks without watching the process.

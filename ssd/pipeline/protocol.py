@@ -48,6 +48,7 @@ class Ready:
     cores: list[int]
     threads: int
     precision: str
+    forward: str = "eager"  # how its draft's forward runs (ssd.models.forwards): the verifier's pair's own
 
 
 @dataclass(frozen=True, kw_only=True)
