@@ -366,9 +366,10 @@ def settings_line(pg: Page) -> str:
     return " · ".join([*parts, "greedy unless a row says otherwise", f"files: {files}"])
 
 
-def markdown(pg: Page, figure_path: str | None = None, heading: str = "##") -> str:
-    """The page as markdown: heading, settings line, one table per precision shown, the figure."""
-    lines = [f"{heading} {pg.machine}", "", settings_line(pg), ""]
+def markdown(pg: Page, figure_path: str | None = None, heading: str = "##", lead: str = "") -> str:
+    """The page as markdown: heading, lead (what the page found, ``ssd.analysis.verdicts``), settings line, one table
+    per precision shown, the figure."""
+    lines = [f"{heading} {pg.machine}", "", *([lead, ""] if lead else []), settings_line(pg), ""]
     for precision in pg.precisions:
         if len(pg.precisions) > 1:
             lines += [f"At target {precision[0]}, draft {precision[1]}:", ""]
