@@ -296,3 +296,15 @@ def test_a_studys_precisions_are_read_from_its_table_and_must_be_one():
     with pytest.raises(ValueError, match="must hold one 'target X, draft Y'"):
         batch_study.precisions(pd.DataFrame({"precision": ["target bfloat16, draft int8",
                                                            "target float32, draft int8"]}))
+
+
+def test_the_reports_crossover_cell_says_not_predicted_where_only_b_1_was_predicted():
+    from ssd.analysis.report import _crossover
+
+    summary = study(jit_decode=[5, 8, 10, 11, 11], fast_decode=[4, 7, 10.5, 12, 13],
+                    sd_total=[4, 6, 7, 8, 8], ar_total=[3, 5, 7, 9, 10])
+    assert _crossover(summary) == "b = 4 (predicted b = 16)"
+    at_b1 = summary.assign(predicted=summary["predicted"].where(summary["batch_size"] == 1))  # a bench's: b = 1 only
+    assert _crossover(at_b1) == "b = 4 (not predicted)"
+    never = study(jit_decode=[5, 8, 10, 11, 11], fast_decode=[1, 2, 3, 4, 5], sd_total=[9] * 5, ar_total=[3] * 5)
+    assert _crossover(never) == "none up to b = 16 (predicted none up to b = 16)"

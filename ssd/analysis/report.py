@@ -259,9 +259,18 @@ def _break_even(t: pd.DataFrame, method: str) -> str:
 
 
 def _crossover(t: pd.DataFrame) -> str:
+    """b* measured and predicted, each over the batch sizes it covers: "none up to b = 16" where it is not reached,
+    "not predicted" where fewer than two b carry a prediction of both backups (a bench predicts at b = 1 only)."""
     found = crossover(t)
-    words = {k: (f"b = {v}" if v is not None else "none") for k, v in found.items()}
-    return f"{words['measured']} (predicted {words['predicted']})"
+    both = t[t["label"].isin(["ssd-pipeline:jit", "ssd-pipeline:fast"])]
+    predicted_at = both.dropna(subset=["predicted"]).groupby("batch_size")["label"].nunique() if (
+        "predicted" in both) else pd.Series(dtype=int)
+    predicted_at = sorted(predicted_at[predicted_at == 2].index)
+    measured = f"b = {found['measured']}" if found["measured"] is not None else f"none up to b = {t['batch_size'].max()}"
+    if len(predicted_at) < 2:
+        return f"{measured} (not predicted)"
+    predicted = f"b = {found['predicted']}" if found["predicted"] is not None else f"none up to b = {predicted_at[-1]}"
+    return f"{measured} (predicted {predicted})"
 
 
 def _auto(t: pd.DataFrame) -> str:
