@@ -48,7 +48,8 @@ MAX_WIDTH = 16  # blocks of at most this many slots run compiled: a step, a veri
 MAX_GRAPHS = 32
 INDUCTOR_CACHE = "inductor"  # under the user cache
 # What the first compile costs, as measured (docs/precision.md, "Compiled forwards"): said before it starts
-FIRST_COMPILE = "about 2 to 3 minutes on 2 CPU cores for the offline pair's 1.5B target, seconds for a tiny model"
+FIRST_COMPILE = ("the offline pair's two models at int4, SD's three graphs: 2 minutes on 2 CPU cores the first time, "
+                 "30 s in a later process, which reads inductor's cache but traces again; a tiny model: seconds")
 
 
 def check_forward(value, parameter: str = "forward") -> str:
@@ -87,7 +88,7 @@ def compile_forward(model, role: str = "model", progress: bool = True):
         if ids is None or ids.shape[1] > MAX_WIDTH or not _allocated(kwargs.get("cache")):
             return eager(*args, **kwargs)
         if not graphs:
-            log(progress, f"compiling the {role}'s forward (once: {FIRST_COMPILE}; later processes read the cache)")
+            log(progress, f"compiling the {role}'s forward at its first decoding step ({FIRST_COMPILE})")
         made, start = graphs_made(), time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS, accumulated_recompile_limit=4 * MAX_GRAPHS,
                                         specialize_float=True):
