@@ -1,6 +1,7 @@
 """The documents' relative links hold: every target a link in the READMEs or docs/*.md names exists inside the
-repository, and every `#anchor` is a heading of the file it points into (as GitHub names headings). Results move between folders (data/<machine>/,
-data/archive/) and sections get renamed; a stale link is caught here rather than by a reader."""
+repository, and every `#anchor` is a heading of the file it points into (as GitHub names headings). Results move
+between folders (data/<machine>/, data/archive/) and sections get renamed; a stale link is caught here rather than by
+a reader."""
 import pathlib
 import re
 

@@ -25,9 +25,9 @@ def test_the_sentence_says_what_was_measured_and_nothing_else():
                  ratio("pipeline/sd-1core", 1.26, 1.20, 1.31), ratio("pipeline/sd", 0.82, 0.78, 0.85),
                  ratio("llamacpp-ar/ar", 4.43, 3.95, 4.90))
     assert verdicts.verdict(pg) == (
-        "here: SD over AR pays on code (2.19x) and ties on prose (1.14x); SSD's pipeline beats SD only when SD gets one "
-        "core (1.26x; 0.82x against SD on both cores); llama.cpp's AR on the same file runs 4.43x our AR, faster than "
-        "our SD too.")
+        "here: SD over AR pays on code (2.19x) and ties on prose (1.14x); SSD's pipeline beats SD only when SD gets "
+        "one core (1.26x; 0.82x against SD on both cores); llama.cpp's AR on the same file runs 4.43x our AR, faster "
+        "than our SD too.")
     assert verdicts.verdict(page_of(ratio("pipeline/sd", 0.68, 0.66, 0.71))) == (
         "here: SSD's pipeline loses against SD on both cores (0.68x).")
     assert verdicts.verdict(page_of(Figure("sd/ar", "SD over AR", "humaneval"))) == ""  # not measured: no sentence

@@ -266,7 +266,8 @@ def _crossover(t: pd.DataFrame) -> str:
     predicted_at = both.dropna(subset=["predicted"]).groupby("batch_size")["label"].nunique() if (
         "predicted" in both) else pd.Series(dtype=int)
     predicted_at = sorted(predicted_at[predicted_at == 2].index)
-    measured = f"b = {found['measured']}" if found["measured"] is not None else f"none up to b = {t['batch_size'].max()}"
+    top = t["batch_size"].max()
+    measured = f"b = {found['measured']}" if found["measured"] is not None else f"none up to b = {top}"
     if len(predicted_at) < 2:
         return f"{measured} (not predicted)"
     predicted = f"b = {found['predicted']}" if found["predicted"] is not None else f"none up to b = {predicted_at[-1]}"

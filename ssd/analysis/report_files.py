@@ -51,11 +51,12 @@ def readme_block(pages: list[Page]) -> str:
     a GPU's figures on a line under it. Between (and including) the marker lines."""
     cpus = [pg for pg in pages if not _gpu(pg)]
     cells = {pg.machine: {(f.key, f.prompts): f for f in pg.figures[pg.precisions[0]]} for pg in cpus}
-    found = [_wrapped(f"- {sentence}", "  ") for sentence in map(verdict, cpus) if sentence]
+    sentences = [_wrapped(f"- {sentence}", "  ") for sentence in map(verdict, cpus) if sentence]
+    terms = [_wrapped(line, "  ") for line in glossary_lines()]
+    header = "| figure | " + " | ".join(f"[{pg.machine}](docs/results.md#{pg.machine})" for pg in cpus) + " |"
     lines = [BEGIN, "", _wrapped("What each machine found, written from the table below (a ratio pays where its 95% "
-                                 "CI lies above 1, loses where below, ties where it holds 1):", ""), "", *found, "",
-             "The table's terms:", "", *[_wrapped(line, "  ") for line in glossary_lines()], "", "| figure | " + " | ".join(f"[{pg.machine}](docs/results.md#{pg.machine})" for pg in cpus)
-             + " |", "|---|" + "---|" * len(cpus)]
+                                 "CI lies above 1, loses where below, ties where it holds 1):", ""), "", *sentences,
+             "", "The table's terms:", "", *terms, "", header, "|---|" + "---|" * len(cpus)]
     for key, prompts in README_ROWS:
         found = [cells[pg.machine].get((key, prompts)) for pg in cpus]
         what = next(f.what for f in found if f is not None)

@@ -3,11 +3,11 @@
 library llama-cpp-python's ctypes bindings load and the tools the kit runs (``TOOLS``: llama.cpp's own speculative
 decoding among them).
 
-PyPI has no llama-cpp-python wheel for Linux, and a build takes a few minutes on 2 cores (4 to 6 on this project's AMD EPYC), so nothing builds it
-unless asked: ``python -m ssd llamacpp --build`` (or the first bench or profile that names a llama.cpp method) builds
-it with a progress bar; ``make test`` never does, and its llama.cpp tests skip where no build is found. The build is
-kept per version and per CPU (its flags: a native build may use instructions another CPU lacks), written in a work
-folder and renamed into place whole, with ``complete.json`` last.
+PyPI has no llama-cpp-python wheel for Linux, and a build takes a few minutes on 2 cores (4 to 6 on this project's
+AMD EPYC), so nothing builds it unless asked: ``python -m ssd llamacpp --build`` (or the first bench or profile that
+names a llama.cpp method) builds it with a progress bar; ``make test`` never does, and its llama.cpp tests skip
+where no build is found. The build is kept per version and per CPU (its flags: a native build may use instructions
+another CPU lacks), written in a work folder and renamed into place whole, with ``complete.json`` last.
 """
 from __future__ import annotations
 

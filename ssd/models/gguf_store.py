@@ -182,7 +182,8 @@ def check_free_space(models: pathlib.Path, spec: GGUFSpec) -> None:
     free = shutil.disk_usage(models).free
     if free < need * 1.05:
         raise ModelLoadError(f"{spec.name}: building its float32 cache needs {need / 1e9:.1f} GB free under {models}, "
-                             f"which has {free / 1e9:.1f} GB; free some space, or set SSD_CACHE_DIR to a disk with room")
+                             f"which has {free / 1e9:.1f} GB; free some space, or set SSD_CACHE_DIR to a disk with "
+                             "room")
 
 
 def _build(paths, models: pathlib.Path, folder: pathlib.Path, spec: GGUFSpec, progress) -> None:
