@@ -140,3 +140,12 @@ def test_a_disk_that_refuses_the_levels_leaves_the_load_to_quantize_again(tmp_pa
         convert(tiny_pair().draft, "int4", int4_levels=levels)
     assert "could not keep the int4 layers" in capsys.readouterr().err
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_kept_file_that_cannot_be_read_counts_as_none(tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / int4_store.file_name()).write_bytes(b"half a file")
+    assert int4_store.read(tmp_path / int4_store.file_name()) == {}
+    save_file({"layer.packed": torch.zeros(2, dtype=torch.uint8)}, tmp_path / "lacking.safetensors")
+    assert int4_store.read(tmp_path / "lacking.safetensors") == {}  # no scales, no move: quantized again

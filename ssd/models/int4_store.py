@@ -30,14 +30,14 @@ def file_name() -> str:
 
 
 def read(path: pathlib.Path) -> dict[str, Levels]:
-    """The layers kept in path, by name; {} where there are none (or the file cannot be read)."""
+    """The layers kept in path, by name; {} where there are none (or the file cannot be read, or lacks a part)."""
     try:
         tensors = load_file(path)
-    except (OSError, SafetensorError):
+        names = {key.rsplit(".", 1)[0] for key in tensors}
+        return {name: Levels(tensors[f"{name}.packed"], tensors[f"{name}.scales_and_zeros"],
+                             float(tensors[f"{name}.moved"])) for name in names}
+    except (OSError, SafetensorError, KeyError):
         return {}
-    names = {key.rsplit(".", 1)[0] for key in tensors}
-    return {name: Levels(tensors[f"{name}.packed"], tensors[f"{name}.scales_and_zeros"],
-                         float(tensors[f"{name}.moved"])) for name in names}
 
 
 def write(path: pathlib.Path, levels: dict[str, Levels]) -> None:
