@@ -275,7 +275,7 @@ def check_report(args) -> None:
 
 def check_hit_rates(args) -> None:
     """hit-rates reads every smaller budget off one run at the largest: exact only at a fixed K, with every miss
-    drafted as SD would (see ssd.core.speculation.counterfactual_hits)."""
+    drafted as SD would (see ssd.analysis.experiments.counterfactual_hits)."""
     checks.parse_budgets(args.budgets)
     checks.parse_strategies(args.strategies)
     if checks.is_auto(args.k):
@@ -283,7 +283,7 @@ def check_hit_rates(args) -> None:
                          "give an integer k")
     if args.backup != "jit" or args.saguaro_c != 1.0:
         raise ValueError("hit-rates reads smaller budgets off one run, which is exact only with --backup jit and "
-                         "--saguaro-c 1 (see ssd.core.speculation.counterfactual_hits)")
+                         "--saguaro-c 1 (see ssd.analysis.experiments.counterfactual_hits)")
 
 
 def bad_input(error) -> int:

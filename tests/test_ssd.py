@@ -13,7 +13,8 @@ from ssd.core.decoding import generate_ar
 from ssd.models.tiny import tiny_pair
 from ssd.core.proposers import Draft, DraftModelProposer, NgramProposer, ngram_proposal
 from ssd.core.sampling import uniforms
-from ssd.core.speculation import SSDConfig, Speculator, counterfactual_hits, generate_ssd
+from ssd.analysis.experiments import counterfactual_hits
+from ssd.core.speculation import SSDConfig, Speculator, generate_ssd
 from ssd.core.trace import counted_lookups, final_rounds
 from ssd.core.tuning import Autotune
 from ssd.core.verify import Verdict

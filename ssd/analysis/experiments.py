@@ -10,11 +10,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bench.methods import get_method
-from ..checks import parse_variant
+from ..checks import check_strategy, parse_variant
 from ..models.loading import load_pair
 from ..bench.profile import cached_profile
 from ..bench.prompts import encode
-from ..core.speculation import SSDConfig, counterfactual_hits
+from ..core.outcomes import Calibrator, allocate
+from ..core.speculation import SSDConfig
+from ..core.trace import final_rounds
 from ..core.tuning import Autotune
 
 
@@ -248,3 +250,57 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list
 
 def _length(intervals) -> float:
     return sum(end - start for start, end in intervals)
+
+
+# ---- counterfactual hit rates: what one run says of every budget and strategy ------------------------------------
+
+
+def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_p: float = 0.6, r: float = 0.5,
+                        apart: bool = False) -> pd.DataFrame:
+    """Would each round have hit at budget B under a fan-out strategy? One run gives the whole curve.
+
+    A round hits iff the rank of t* among the candidates at its position is within F_k. When the trajectory does
+    not depend on what is cached -- the jit backup with C = 1, see ssd.core.speculation's docstring -- the ranks a run records
+    are those of a run at any other budget or strategy, so one run at any B > 0 answers for every B and every
+    strategy: uniform; geometric with the given a_p and r; calibrated, its estimates replayed from the recorded k and
+    ranks, starting from the prior (a_p, r). With Saguaro C < 1 the draft distribution depends on the cached sets,
+    and with the fast backup a miss changes the next draft: there each B is its own run.
+
+    apart (calibrated): the rounds whose draft came from the backup (at this B: the round before missed, or the
+    run's first round) learn and are allocated from estimates of their own, the cache-drafted ones from theirs (the
+    paper's two fan-out lists); otherwise one set of estimates serves both.
+
+    rounds: SSD rounds of one or more runs (each run starts at round 0). Returns one row per (run, round, budget)
+    with columns run, round, final (the run's last round, whose lookup a hit rate leaves out: ``final_rounds``),
+    budget, backed (the round's draft came from the backup at this B) and hit.
+    """
+    check_strategy(strategy)
+    sources = ("cached", "backed") if apart else ("cached",)
+    rows, run = [], -1
+    for row, final in zip(rounds.itertuples(), final_rounds(rounds)):
+        if row.round == 0:
+            run, shared = run + 1, Calibrator(prior_a_p=a_p, prior_r=r)
+            estimates = {(b, s): Calibrator(prior_a_p=a_p, prior_r=r) if apart else shared
+                         for b in budgets for s in sources}
+            planned, hit_before = _fan_outs(estimates, strategy, k, a_p, r), {b: False for b in budgets}
+        # Round r's fan-out was chosen while round r - 1 was being verified (its pre-speculation): from the rounds
+        # before r - 1, as in generate_ssd.
+        current, planned = planned, _fan_outs(estimates, strategy, k, a_p, r)
+        rank = None if pd.isna(row.rank) else int(row.rank)
+        for b in budgets:
+            source = "cached" if hit_before[b] or not apart else "backed"
+            hit = rank is not None and rank <= current[(b, source)][row.accepted]
+            rows.append({"run": run, "round": row.round, "final": final, "budget": b, "backed": not hit_before[b],
+                         "hit": hit})
+            if apart:
+                estimates[(b, source)].update(row.accepted, row.draft_len, rank)
+            hit_before[b] = hit
+        if not apart:
+            shared.update(row.accepted, row.draft_len, rank)
+    return pd.DataFrame(rows)
+
+
+def _fan_outs(estimates: dict, strategy: str, k: int, a_p: float, r: float) -> dict:
+    """The fan-out each (budget, source) of ``counterfactual_hits`` would spend now, from its estimates."""
+    return {(b, source): allocate(strategy, b, k, a_p=a_p, r=r, calibrator=calibrator)
+            for (b, source), calibrator in estimates.items()}

@@ -15,23 +15,23 @@ Randomness: each round draws the same uniforms whatever happens (K for drafting 
 ``ssd.core.round.Draws``).
 All branches and the jit backup share the next round's K draft uniforms, so the draft of round r + 1 is the same
 tokens whether it came from the cache or from the jit backup. With the jit backup and C = 1 the trajectory is then
-independent of the budget B, which is what makes the counterfactual hit rates of ``counterfactual_hits`` exact.
+independent of the budget B, which is what makes the counterfactual hit rates exact
+(``ssd.analysis.experiments.counterfactual_hits``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import pandas as pd
 import torch
 
 from .cache import SpeculationCache
 from .cached_model import CachedModel
 from .decoding import DecodeConfig, Verifier, batch_traces, batchable, check_prompts
-from ..checks import check_at_least, check_ssd, check_strategy, is_auto
+from ..checks import check_at_least, check_ssd, is_auto
 from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
 from .round import DrafterSide, Draws, InProcess, VerifierSide, draft_rounds
-from .trace import Stopwatch, final_rounds
+from .trace import Stopwatch
 from .tuning import SSD_KS, Autotune, on_auto, ssd_tuner, tuned_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
@@ -325,57 +325,3 @@ def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator, a
         drafter.start(prompts, {row: verifier.room(row) for row in verifier.live})
         draft_rounds(drafter, InProcess(VerifierSide(verifier, draws, traces, watch, pair.vocab_size)))
     return verifier.new, traces
-
-
-# ---- counterfactual hit rates ------------------------------------------------------------------------------------
-
-
-def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_p: float = 0.6, r: float = 0.5,
-                        apart: bool = False) -> pd.DataFrame:
-    """Would each round have hit at budget B under a fan-out strategy? One run gives the whole curve.
-
-    A round hits iff the rank of t* among the candidates at its position is within F_k. When the trajectory does
-    not depend on what is cached -- the jit backup with C = 1, see the module docstring -- the ranks a run records
-    are those of a run at any other budget or strategy, so one run at any B > 0 answers for every B and every
-    strategy: uniform; geometric with the given a_p and r; calibrated, its estimates replayed from the recorded k and
-    ranks, starting from the prior (a_p, r). With Saguaro C < 1 the draft distribution depends on the cached sets,
-    and with the fast backup a miss changes the next draft: there each B is its own run.
-
-    apart (calibrated): the rounds whose draft came from the backup (at this B: the round before missed, or the
-    run's first round) learn and are allocated from estimates of their own, the cache-drafted ones from theirs (the
-    paper's two fan-out lists); otherwise one set of estimates serves both.
-
-    rounds: SSD rounds of one or more runs (each run starts at round 0). Returns one row per (run, round, budget)
-    with columns run, round, final (the run's last round, whose lookup a hit rate leaves out: ``final_rounds``),
-    budget, backed (the round's draft came from the backup at this B) and hit.
-    """
-    check_strategy(strategy)
-    sources = ("cached", "backed") if apart else ("cached",)
-    rows, run = [], -1
-    for row, final in zip(rounds.itertuples(), final_rounds(rounds)):
-        if row.round == 0:
-            run, shared = run + 1, Calibrator(prior_a_p=a_p, prior_r=r)
-            estimates = {(b, s): Calibrator(prior_a_p=a_p, prior_r=r) if apart else shared
-                         for b in budgets for s in sources}
-            planned, hit_before = _fan_outs(estimates, strategy, k, a_p, r), {b: False for b in budgets}
-        # Round r's fan-out was chosen while round r - 1 was being verified (its pre-speculation): from the rounds
-        # before r - 1, as in generate_ssd.
-        current, planned = planned, _fan_outs(estimates, strategy, k, a_p, r)
-        rank = None if pd.isna(row.rank) else int(row.rank)
-        for b in budgets:
-            source = "cached" if hit_before[b] or not apart else "backed"
-            hit = rank is not None and rank <= current[(b, source)][row.accepted]
-            rows.append({"run": run, "round": row.round, "final": final, "budget": b, "backed": not hit_before[b],
-                         "hit": hit})
-            if apart:
-                estimates[(b, source)].update(row.accepted, row.draft_len, rank)
-            hit_before[b] = hit
-        if not apart:
-            shared.update(row.accepted, row.draft_len, rank)
-    return pd.DataFrame(rows)
-
-
-def _fan_outs(estimates: dict, strategy: str, k: int, a_p: float, r: float) -> dict:
-    """The fan-out each (budget, source) of ``counterfactual_hits`` would spend now, from its estimates."""
-    return {(b, source): allocate(strategy, b, k, a_p=a_p, r=r, calibrator=calibrator)
-            for (b, source), calibrator in estimates.items()}
