@@ -21,7 +21,7 @@ import torch
 
 import ssd.bench.methods
 from ssd.bench.run import run_one
-from ssd.bench.summaries import summarize
+from ssd.bench.summaries import measured_theorem7, summarize
 from ssd.cli import build_parser, main
 from ssd.commands import setup
 from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
@@ -35,7 +35,6 @@ from ssd.pipeline.launch import (Pipeline, PipelineConfig, close_pipeline, close
 from ssd.pipeline.transport import PipelineError
 from ssd.core.speculation import SSDConfig, generate_ssd
 from ssd.pipeline.protocol import clock_offset
-from ssd.core.theory import measured_theorem7
 
 CORES = [str(c) for c in sorted(os.sched_getaffinity(0))]
 VERIFIER, DRAFTER = CORES[0], CORES[-1]  # two cores where there are two; one shared core otherwise

@@ -3,9 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ssd.bench.summaries import summarize
-from ssd.core.theory import (all_hit_rate, critical_batch_size, expected_tokens, measured_theorem7, pipelined_speedup,
-                        sd_speedup, theorem7_speedup)
+from ssd.bench.summaries import measured_theorem7, summarize
+from ssd.core.theory import (all_hit_rate, critical_batch_size, expected_tokens, pipelined_speedup, sd_speedup,
+                             theorem7_speedup)
 
 
 def test_expected_tokens_per_round():

@@ -1,4 +1,5 @@
-"""Closed forms: tokens per round, SD's speedup, Theorem 7 for SSD, and Theorem 7 fed by a measured trace.
+"""Closed forms: tokens per round, SD's speedup, Theorem 7 for SSD (fed by a measured trace in
+``ssd.bench.summaries.measured_theorem7``).
 
 At batch size b every form counts tokens per sequence and time per round of the batch: a round is free of drafting
 only when every sequence hit (the all-hit rate, about p_hit^b), so the forms that charge a miss take ``all_hit``
@@ -7,10 +8,6 @@ beside ``p_hit`` (None: one sequence, where the two are one rate).
 from __future__ import annotations
 
 import math
-
-import pandas as pd
-
-from .trace import counted_lookups
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -82,40 +79,6 @@ def critical_batch_size(p_hit: float, e_hit: float, e_miss_jit: float, e_miss_fa
     if p_hit <= 0:
         return 1  # every round waits from b = 1 on
     return max(1, math.ceil(math.log(1 - theta) / math.log(p_hit) - 1e-12))
-
-
-def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> dict:
-    """Theorem 7 with every input measured on SSD rounds (one frame, or several runs concatenated).
-
-    E_hit / E_miss are the tokens of rounds whose draft came from a hit / a backup; T_p and T_b the mean
-    pre-speculation and backup times over the mean verify time of rounds after the first (whose pass also processes
-    the prompt). The theorem counts time in verify passes, which on
-    a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
-    is rescaled by ar_step_s / verify_s. Rounds of a batch (one row per round and sequence, each sequence's rounds
-    together) carry ``all_hit``, whether every sequence hit that round: its mean is the all-hit rate the
-    denominator needs (the hit rate where the column is missing, as in frames stored before batches). Both rates
-    leave out each answer's last round, whose lookup decides nothing (``trace.final_rounds``).
-    """
-    previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
-    # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.
-    decode = rounds[rounds["round"] > 0] if (rounds["round"] > 0).any() else rounds
-    verify_s = decode["verify_s"].mean()
-    backups = rounds.loc[rounds["backup"].notna(), "draft_s"]
-    looked_up = counted_lookups(rounds)
-    out = {
-        "p_hit": float(looked_up["hit"].astype(bool).mean()),
-        "e_hit": float(rounds.loc[previous_hit, "new_tokens"].mean()) if previous_hit.any() else 0.0,
-        "e_miss": float(rounds.loc[~previous_hit, "new_tokens"].mean()),
-        "t_p": float(rounds["prespec_s"].mean() / verify_s),
-        "t_b": float(backups.mean() / verify_s) if len(backups) else 0.0,
-        "verify_s": float(verify_s),
-    }
-    known = looked_up["all_hit"].dropna() if "all_hit" in rounds else ()
-    out["all_hit"] = float(known.astype(bool).mean()) if len(known) else out["p_hit"]
-    out["tokens_per_verify"] = theorem7_speedup(out["p_hit"], out["e_hit"], out["e_miss"], out["t_p"], out["t_b"],
-                                                out["all_hit"])
-    out["predicted_speedup_vs_ar"] = out["tokens_per_verify"] * ar_step_s / verify_s if ar_step_s else None
-    return out
 
 
 def theorem7_from_profile(profile, k: int, budget: int, p_hit: float, e_hit: float, e_miss: float,
