@@ -45,11 +45,12 @@ bench: $(STAMP)
 	$(BIN)/python -m ssd profile --pair qwen2.5-coder --target-dtype float32 --draft-dtype float32 \
 		--store data --figure figures/profile_float32.png
 
-# llama.cpp beside the kit on the same GGUF files (notebook 09, docs/usage.md "llama.cpp beside the kit"), into data/<machine>/: llama.cpp built
-# once into the user cache (pinned; about 4 minutes on 2 cores), its latency profile with one thread per model and on
-# every core at b = 1, 2, 4, 8, 16 (about 10 minutes), then one bench per prompt set of ar, sd, llamacpp-ar and
-# llamacpp-sd side by side on 16 prompts x 48 tokens, greedy, K 4 (about 10 minutes each), and how far llama.cpp's
-# verify pass moves its greedy margins on the same prompts (its near-tie scale, 2 minutes each). About 40 minutes.
+# llama.cpp beside the kit on the same GGUF files (notebook 09, docs/usage.md "llama.cpp beside the kit"), into
+# data/<machine>/: llama.cpp built once into the user cache (pinned; 4 to 6 minutes on 2 cores), its latency profile
+# with one thread per model and on every core at b = 1, 2, 4, 8, 16 (about 10 minutes), then one bench per prompt set
+# of ar, sd, llamacpp-ar and llamacpp-sd side by side on 16 prompts x 48 tokens, greedy, K 4 (about 10 minutes each),
+# and how far llama.cpp's verify pass moves its greedy margins on the same prompts (its near-tie scale, 2 minutes
+# each). About 40 minutes.
 llamacpp: $(STAMP)
 	$(BIN)/python -m ssd llamacpp
 	for t in 1 $$(nproc); do \
@@ -92,8 +93,9 @@ test-fast: $(STAMP)
 
 # On a machine with an NVIDIA GPU (or Apple Silicon): the tests marked gpu, then ar, hf-ar, sd, hf-sd and ssd (and
 # ssd-pipeline with two GPUs) on 8 HumanEval prompts x 64 tokens in float32 and bfloat16, and the pair's profile in
-# its shapes at b = 1 to 64, within 8 minutes, into data/<machine>/gpu_check.json. Installs nothing beyond `make install`;
-# without a GPU it stops at once. Where make install cannot reach PyPI: docs/gpus.md, "run without make install".
+# its shapes at b = 1 to 64, within 8 minutes, into data/<machine>/gpu_check.json. Installs nothing beyond `make
+# install`; without a GPU it stops at once. Where make install cannot reach PyPI: docs/gpus.md, "run without make
+# install".
 gpu-check: $(STAMP)
 	$(BIN)/python -m ssd gpu-check
 

@@ -260,11 +260,11 @@ def counterfactual_hits(rounds: pd.DataFrame, budgets, k: int, strategy: str, a_
     """Would each round have hit at budget B under a fan-out strategy? One run gives the whole curve.
 
     A round hits iff the rank of t* among the candidates at its position is within F_k. When the trajectory does
-    not depend on what is cached -- the jit backup with C = 1, see ssd.core.speculation's docstring -- the ranks a run records
-    are those of a run at any other budget or strategy, so one run at any B > 0 answers for every B and every
-    strategy: uniform; geometric with the given a_p and r; calibrated, its estimates replayed from the recorded k and
-    ranks, starting from the prior (a_p, r). With Saguaro C < 1 the draft distribution depends on the cached sets,
-    and with the fast backup a miss changes the next draft: there each B is its own run.
+    not depend on what is cached -- the jit backup with C = 1, see ssd.core.speculation's docstring -- the ranks a
+    run records are those of a run at any other budget or strategy, so one run at any B > 0 answers for every B and
+    every strategy: uniform; geometric with the given a_p and r; calibrated, its estimates replayed from the recorded
+    k and ranks, starting from the prior (a_p, r). With Saguaro C < 1 the draft distribution depends on the cached
+    sets, and with the fast backup a miss changes the next draft: there each B is its own run.
 
     apart (calibrated): the rounds whose draft came from the backup (at this B: the round before missed, or the
     run's first round) learn and are allocated from estimates of their own, the cache-drafted ones from theirs (the

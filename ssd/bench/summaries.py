@@ -33,12 +33,12 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
 
     E_hit / E_miss are the tokens of rounds whose draft came from a hit / a backup; T_p and T_b the mean
     pre-speculation and backup times over the mean verify time of rounds after the first (whose pass also processes
-    the prompt). The theorem counts time in verify passes, which on
-    a GPU cost about one autoregressive step; on a CPU a pass over K + 1 tokens costs more, so the speedup over AR
-    is rescaled by ar_step_s / verify_s. Rounds of a batch (one row per round and sequence, each sequence's rounds
-    together) carry ``all_hit``, whether every sequence hit that round: its mean is the all-hit rate the
-    denominator needs (the hit rate where the column is missing, as in frames stored before batches). Both rates
-    leave out each answer's last round, whose lookup decides nothing (``ssd.core.trace.final_rounds``).
+    the prompt). The theorem counts time in verify passes, which on a GPU cost about one autoregressive step; on a
+    CPU a pass over K + 1 tokens costs more, so the speedup over AR is rescaled by ar_step_s / verify_s. Rounds of a
+    batch (one row per round and sequence, each sequence's rounds together) carry ``all_hit``, whether every sequence
+    hit that round: its mean is the all-hit rate the denominator needs (the hit rate where the column is missing, as
+    in frames stored before batches). Both rates leave out each answer's last round, whose lookup decides nothing
+    (``ssd.core.trace.final_rounds``).
     """
     previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
     # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.

@@ -125,6 +125,6 @@ def _allocated(cache) -> bool:
 
 
 def _shape(kwargs) -> tuple:
-    """(rows, width, slots attention reads) of the forward's block that made a graph."""
+    """(rows, width, slots attention reads) of a block run compiled."""
     ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
     return (*ids.shape, mask.shape[-1] if mask is not None else 0)

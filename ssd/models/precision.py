@@ -81,7 +81,8 @@ def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bo
         check_supported(precision, model.device, parameter)
     int4_levels = {} if int4_levels is None else int4_levels
     head = model.get_output_embeddings()
-    head_name = next((name for name, module in model.named_modules() if module is head), None)
+    # the output layer's name keys its int4 levels; found before the layer leaves the model below
+    head_name = next((n for n, m in model.named_modules() if m is head), None) if precision == "int4" else None
     keep = float_logits and precision != "float32" and isinstance(head, torch.nn.Linear) and (
         head.weight is not model.get_input_embeddings().weight)
     if keep:
