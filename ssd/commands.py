@@ -11,6 +11,7 @@ import torch
 from .analysis import experiments
 from .bench import gpu_check, machines, profile, records, stats, summaries
 from .bench import run as bench
+from .bench.frames import profile_frame
 from .bench.methods import get_method, tunes
 from .bench.prompts import Prompt, encode, first_turns, load_prompts
 from .checks import parse_budgets, parse_methods, parse_strategies, parse_variant
@@ -260,7 +261,7 @@ def cmd_profile(args) -> None:
 
 def _show_profile(args, result, label: str) -> None:
     """Print a profile's curves and floors; keep it where asked (--json, --store) and draw it (--figure)."""
-    frame = result.to_frame()
+    frame = profile_frame(result)
     print(f"{result.pair}, {label}; {capability_line(result.capability)}")
     where = (f"{len(result.verifier_cores)} thread(s) per model" if result.engine != "torch" else
              f"target on cores {result.verifier_cores}, draft on cores {result.drafter_cores}")

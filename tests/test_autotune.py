@@ -6,6 +6,7 @@ import pytest
 import matplotlib.pyplot as plt
 import torch
 
+from ssd.bench import frames
 from ssd.bench import run as bench
 from ssd.bench import machines, records
 from ssd.analysis import experiments, plots, style
@@ -265,12 +266,12 @@ def test_a_bench_of_variants_reads_as_a_grid_and_auto_is_held_against_it():
 
 def test_the_predicted_surfaces_hold_what_the_choice_takes_the_best_of():
     law = Calibrator(prior_a_p=0.8).miss_model()
-    surface = tuning.ssd_surface(0.8, law, toy_profile(), (2, 4), (1, 8))
+    surface = frames.ssd_surface(0.8, law, toy_profile(), (2, 4), (1, 8))
     assert list(zip(surface.k, surface.budget)) == [(2, 1), (2, 8), (4, 1), (4, 8)]
     best = surface.loc[surface.tokens_per_s.idxmax()]
     choice = tuning.choose_ssd_k_budget(0.8, law, toy_profile(), (2, 4), (1, 8), strategy="calibrated")
     assert (best.k, best.budget) == (choice.k, choice.budget) and surface.p_hit.between(0, 1).all()
-    curve = tuning.sd_curve(0.8, toy_profile())
+    curve = frames.sd_curve(0.8, toy_profile())
     assert curve.loc[curve.tokens_per_s.idxmax(), "k"] == tuning.choose_sd_k(0.8, toy_profile()).k
     fig = plots.sd_k_speeds(curve, experiments.variant_summary(SUMMARY).query("base == 'sd'"))
     assert len(fig.axes) == 1

@@ -13,7 +13,8 @@ from ssd.bench.summaries import summarize
 from ssd.core.cached_model import CachedModel
 from ssd.core.latencies import Profile
 from ssd.core.tuning import Autotune
-from ssd.core.decoding import DecodeConfig, generate_ar
+from ssd.bench.methods import generate_ar  # timed: a batch's rows share one wall_s
+from ssd.core.decoding import DecodeConfig
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 from ssd.checks import parse_variant
 from ssd.bench.methods import METHODS

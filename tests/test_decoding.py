@@ -4,7 +4,10 @@ import dataclasses
 import pytest
 import torch
 
-from ssd.core.decoding import DecodeConfig, _greedy_step, generate_ar, generate_sd
+from ssd.bench.frames import rounds_frame
+from ssd.bench.methods import generate_ar, generate_sd  # the loops below, each call timed (a stopwatch of its own)
+from ssd.core import decoding
+from ssd.core.decoding import DecodeConfig, _step, _top_two
 from ssd.models.tiny import tiny_pair
 
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
@@ -39,10 +42,12 @@ def test_greedy_sd_is_token_identical_to_the_target_alone(pairs, k, noise):
 
 @pytest.mark.parametrize("logits", [[0.5, 3.0, -1.0, 2.0], [3.0, 1.0, 3.0], [1.0, 2.0, 9.0], [9.0, 1.0], [4.0],
                                     [2.0, 2.0, 2.0]])
-def test_the_greedy_step_is_the_first_argmax_with_the_top_two_logits(logits):
+def test_the_greedy_step_is_the_first_argmax_and_the_margin_its_lead_over_the_second(logits):
     logits = torch.tensor(logits)
     values = logits.topk(min(2, len(logits))).values.tolist()
-    assert _greedy_step(logits) == (int(logits.argmax()), values[:1] + values[-1:])
+    first = next(i for i, v in enumerate(logits.tolist()) if v == max(logits.tolist()))
+    assert _step(logits, DecodeConfig(temperature=0), torch.Generator().manual_seed(0)) == first
+    assert _top_two(logits) == (values[0], values[-1])
 
 
 def test_acceptance_follows_how_close_the_draft_is(pairs):
@@ -94,7 +99,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(pairs):
 
 def test_trace_frame_has_one_row_per_round(pairs):
     tokens, trace = run(generate_sd, pairs[0.4], [1, 2, 3], k=4, max_new_tokens=20)
-    frame = trace.to_frame()
+    frame = rounds_frame(trace)
     assert len(frame) == len(trace.rounds) and frame["new_tokens"].sum() == len(tokens)
     assert set(frame.columns) >= {"method", "round", "draft_len", "accepted", "token", "draft_s", "verify_s"}
     assert ((frame["accepted"] >= 0) & (frame["accepted"] <= frame["draft_len"])).all()
@@ -165,3 +170,22 @@ def test_a_trace_keeps_when_each_phase_ran(pairs):
     for r, (draft, verify) in zip(longest.rounds, zip(spans[0::2], spans[1::2])):
         assert draft.end_s - draft.start_s == pytest.approx(r.draft_s)
         assert verify.end_s - verify.start_s == pytest.approx(r.verify_s)
+
+
+def test_the_loops_time_nothing_of_themselves_and_a_clock_changes_no_token(pairs):
+    """The algorithm knows nothing of measurement: called without a clock the loops give the same tokens and rounds,
+    every time 0.0, no span, no margin; the timed methods differ only in those."""
+    for timed, loop in ((generate_ar, decoding.generate_ar), (generate_sd, decoding.generate_sd)):
+        runs = [method(pairs[0.4], [[1, 2, 3], [4, 5]], DecodeConfig(k=3, max_new_tokens=12),
+                       torch.Generator().manual_seed(0)) for method in (timed, loop)]
+        (timed_tokens, timed_traces), (tokens, traces) = runs
+        assert tokens == timed_tokens
+        for measured, bare in zip(timed_traces, traces):
+            assert bare.wall_s == 0.0 and bare.prefill_s is None and bare.spans == []
+            assert all(r.draft_s == r.verify_s == 0.0 and r.margin is None for r in bare.rounds)
+            assert [(r.draft_len, r.accepted, r.token, r.new_tokens) for r in bare.rounds] == \
+                [(r.draft_len, r.accepted, r.token, r.new_tokens) for r in measured.rounds]
+            assert measured.wall_s > 0 and all(r.verify_s > 0 for r in measured.rounds)
+    _, measured_ar = generate_ar(pairs[0.4], [1, 2, 3], DecodeConfig(max_new_tokens=6), torch.Generator())
+    assert all(r.margin >= 0 and r.top_logit is not None for r in measured_ar.rounds)  # a measured AR keeps margins
+

@@ -6,8 +6,9 @@ import pathlib
 import ssd
 
 PACKAGE = pathlib.Path(ssd.__file__).parent
-# The torch-free leaves every layer may import (names, the checks of what a user gives, atomic files).
-LEAVES = ("names", "checks", "files")
+# The torch-free leaves every layer may import (names, the checks of what a user gives, atomic files, the clocks that
+# measure; the core imports none of the last: it is handed a clock, test_the_core_knows_nothing_of_measurement).
+LEAVES = ("names", "checks", "files", "clock")
 # The subpackages from the bottom up: each may import the leaves and those below it, never one above.
 LAYERS = ("core", "models", "llamacpp", "pipeline", "bench", "analysis", "course")
 # The command line and its launchers sit on top of every layer.
@@ -119,6 +120,22 @@ def test_the_core_imports_only_itself_and_the_leaves():
     outside = {f"{m} -> {d}" for m, deps in graph().items() if layer(m) == "core"
                for d in deps if layer(d) not in ("core",) + LEAVES}
     assert not outside, sorted(outside)
+
+
+def test_the_core_knows_nothing_of_measurement():
+    """The algorithm imports neither pandas nor time nor the clocks: a caller that measures hands a loop a clock
+    (``ssd.clock.Stopwatch``), and tables of its records are ``ssd.bench.frames``'."""
+    found = []
+    for name, path in modules().items():
+        if layer(name) != "core":
+            continue
+        tree = ast.parse(path.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and
+                  not n.level}
+        found += [f"{name} imports {m}" for m in sorted(names & {"pandas", "time", "timeit"})]
+        found += [f"{name} imports clock" for d in graph()[name] if d == "clock"]
+    assert not found, found
 
 
 def test_the_leaves_do_not_import_torch():

@@ -13,7 +13,7 @@ from ssd.core.cached_model import CachedModel
 from ssd.core.decoding import DecodeConfig
 from ssd.bench.methods import METHODS
 from ssd.models.tiny import tiny_pair
-from ssd.core.trace import ForwardClock
+from ssd.clock import ForwardClock
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import ssd.bench.methods
+from ssd.bench.frames import rounds_frame, spans_frame
 from ssd.bench.run import run_one
 from ssd.bench.summaries import measured_theorem7, summarize
 from ssd.cli import build_parser, main
@@ -126,7 +127,7 @@ def test_max_new_tokens_one_and_a_short_last_round(pair):
 def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
     _, trace, _ = run(generate_ssd_pipeline, pair, [5, 6, 7], 0, config(k=4, temperature=1.0, max_new_tokens=60,
                                                                         budget=8))
-    frame = trace.to_frame()
+    frame = rounds_frame(trace)
     assert trace.method == "ssd-pipeline" and (frame.method == "ssd-pipeline").all()
     assert (frame.verify_s > 0).all() and (frame.prespec_s > 0).all() and (frame.wait_s > 0).all()
     misses = frame[frame.backup.notna()]
@@ -136,7 +137,7 @@ def test_trace_holds_both_ranks_times_and_feeds_theorem_7(pair):
     # Both ranks' spans on the verifier's clock, in the order the messages force: round i's lookup (or backup) after
     # the verify pass that gave its outcome; round i + 1's verify pass after that lookup drafted it, and after round
     # i's pre-speculation (which the drafter starts as it sends round i's drafts).
-    spans = trace.spans_frame()
+    spans = spans_frame(trace)
     assert spans.start_s.min() >= 0 and spans.end_s.max() <= trace.wall_s and (spans.end_s >= spans.start_s).all()
     by = spans.dropna(subset=["round"]).groupby(["round", "phase"]).agg(start=("start_s", "min"), end=("end_s", "max"))
     for i in range(len(trace.rounds)):
@@ -252,7 +253,7 @@ def test_bench_summary_of_the_pipeline_has_hit_rate_and_theorem_7(pair):
     for method in ("ar", "ssd-pipeline"):
         _, row, trace = run_one(method, pair, [3, 4, 5], cfg, seed=0)
         rows.append({**row, "identical_to_target": None})
-        frames.append(trace.to_frame())
+        frames.append(rounds_frame(trace))
     summary = {s["method"]: s for s in summarize(pd.DataFrame(rows), pd.concat(frames))}["ssd-pipeline"]
     assert 0 < summary["hit_rate"] < 1 and summary["t_p"] > 0 and summary["speedup_vs_ar"] > 0
     assert summary["predicted_speedup_vs_ar"] > 0

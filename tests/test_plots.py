@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 
 from ssd.analysis import coloured_text, plots, style, timeline# noqa: E402
-from ssd.core.trace import token_roles  # noqa: E402
+from ssd.bench.frames import rounds_frame, spans_frame, token_roles  # noqa: E402
 from ssd.bench.stats import mean_ci  # noqa: E402
 from ssd.core.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
 from ssd.core.theory import expected_tokens  # noqa: E402
@@ -285,7 +285,7 @@ def test_speedups_bars_per_group_and_method_with_a_line_at_one():
 def frame(*rounds):
     """Rounds as (draft_len, accepted, new_tokens), through a real Trace."""
     trace = Trace("sd", prompt_len=3, rounds=[Round(d, k, 0, n, 0.0, 0.0) for d, k, n in rounds])
-    return trace.to_frame()
+    return rounds_frame(trace)
 
 
 def test_roles_autoregressive():
@@ -363,7 +363,7 @@ def test_roles_match_a_real_trace(method):
     for r, end in zip(trace.rounds, ends):
         if r.new_tokens > r.accepted:
             assert new[end] == r.token and roles[end] != "accepted"
-    html = coloured_text.coloured_tokens(None, new, trace.to_frame()).data
+    html = coloured_text.coloured_tokens(None, new, rounds_frame(trace)).data
     assert html.count("<span") == len(new) + 4
 
 
@@ -397,7 +397,8 @@ def test_miss_rate_fit_without_a_single_miss_still_draws(tmp_path):
 
 def spans(method, *blocks, hits=None, backups=None):
     """A trace of `method` whose spans are (round, phase, start, end), with SSD rounds' hits and backups."""
-    from ssd.core.trace import SSDRound, Span
+    from ssd.clock import Span
+    from ssd.core.trace import SSDRound
 
     n = max(b[0] for b in blocks if b[0] is not None) + 1
     rounds = [SSDRound(2, 1, 0, 2, 0.0, 0.0, hit=None if hits is None else hits[i],
@@ -426,12 +427,12 @@ def test_the_timeline_draws_each_lane_and_marks_hits_and_misses(tmp_path):
     assert [(ln.get_xdata()[0], ln.get_marker()) for ln in marks] == [(1.7, "^"), (2.5, "x")]
     png_digest(fig, tmp_path)
     # The first round only; a frame of spans draws as its traces do.
-    fig = timeline.timeline(pd.concat([sd.spans_frame(), pipe.spans_frame()]), rounds=1)
+    fig = timeline.timeline(pd.concat([spans_frame(sd), spans_frame(pipe)]), rounds=1)
     assert len(fig.axes[0].collections) == 8 and fig.axes[0].get_xlim()[1] < 2.5
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         timeline.timeline(sd, rounds=0)
     with pytest.raises(ValueError, match="missing"):
-        timeline.timeline(sd.spans_frame().drop(columns="lane"))
+        timeline.timeline(spans_frame(sd).drop(columns="lane"))
 
 
 def test_the_batch_study_draws_each_method_in_its_colour_and_marks_the_crossover(tmp_path):

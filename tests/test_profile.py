@@ -7,6 +7,7 @@ import os
 import pandas as pd
 import pytest
 
+from ssd.bench.frames import profile_frame
 from ssd.bench.summaries import summarize
 from ssd.analysis import experiments
 from ssd.bench import profile as prof
@@ -48,7 +49,7 @@ def test_measure_gives_curves_ratios_and_a_floor(pair):
     p = measure(pair, verifier_cores=V, drafter_cores=D, reps=1, progress=False, **SMALL)
     assert sorted(p.target_ms) == [1, 2, 5] and sorted(p.draft_ms) == [1, 4, 8]
     assert sorted(p.glue_ms) == [1, 2, 5] and p.glue_at(2) == p.glue_ms[2]
-    frame = p.to_frame()
+    frame = profile_frame(p)
     assert set(frame.role) == {"target", "draft", "glue"}
     assert list(frame.columns) == ["role", "precision", "n", "ms", "ratio", "floor_ms"]
     assert (frame[frame.n == 1].ratio == 1.0).all() and (frame.ms > 0).all() and (frame.floor_ms > 0).all()
@@ -130,7 +131,7 @@ def test_a_profile_stored_before_the_glue_curve_still_loads(pair, tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     back = prof.load(tmp_path / "old.json")
     assert back.glue_ms is None and back.glue_at(5) == back.draft_at(1)  # the glue priced as one step
-    assert "glue" not in set(back.to_frame().role)
+    assert "glue" not in set(profile_frame(back).role)
 
 
 def test_a_profile_records_its_commit_which_no_match_compares(pair, tmp_path):

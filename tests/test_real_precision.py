@@ -9,7 +9,8 @@ a CPU without native bfloat16 it is slower, not different.
 import pytest
 import torch
 
-from ssd.core.decoding import DecodeConfig, generate_ar
+from ssd.bench.methods import generate_ar  # timed: a measured AR keeps its near-tie margins
+from ssd.core.decoding import DecodeConfig
 from ssd.bench.lossless import greedy_identical, identity_report
 from ssd.models.loading import load_pair
 from ssd.models.precision import precision_of

@@ -15,7 +15,7 @@ from ssd.core.proposers import Draft, DraftModelProposer, NgramProposer, ngram_p
 from ssd.core.sampling import uniforms
 from ssd.analysis.experiments import counterfactual_hits
 from ssd.core.speculation import SSDConfig, Speculator, generate_ssd
-from ssd.core.trace import counted_lookups, final_rounds
+from ssd.bench.frames import counted_lookups, final_rounds, rounds_frame
 from ssd.core.tuning import Autotune
 from ssd.core.verify import Verdict
 
@@ -102,7 +102,7 @@ def test_greedy_ssd_is_token_identical_to_the_target(pair, strategy, backup):
 
 def test_hits_are_exactly_the_outcomes_ranked_within_the_fan_out(pair):
     _, trace = run(generate_ssd, pair, [5, 6, 7], seed=1, k=4, temperature=1.0, max_new_tokens=60, budget=8)
-    frame = trace.to_frame()
+    frame = rounds_frame(trace)
     assert 0 < frame["hit"].mean() < 1
     for row in frame.itertuples():
         assert row.hit == (pd.notna(row.rank) and row.rank <= row.fan_out[row.accepted])
@@ -129,7 +129,7 @@ def test_counterfactual_hit_rates_equal_separate_runs(pair, strategy):
     other = "calibrated" if strategy == "uniform" else "uniform"
     tokens, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=max(budgets),
                         **(common | {"fan_out_strategy": other}))
-    predicted = counterfactual_hits(trace.to_frame(), budgets, k=3, strategy=strategy, a_p=0.8, r=0.7)
+    predicted = counterfactual_hits(rounds_frame(trace), budgets, k=3, strategy=strategy, a_p=0.8, r=0.7)
     for b in budgets:
         tokens_b, trace_b = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=b, **common)
         assert tokens_b == tokens  # the trajectory does not depend on B (jit backup, C = 1)
@@ -141,7 +141,7 @@ def test_counterfactual_estimates_kept_apart_for_backup_drafted_rounds(pair):
     run); with every round backed (B = 0 never hits) the backed estimates see every round, as the shared ones do."""
     _, trace = run(generate_ssd, pair, [2, 9, 4], seed=5, budget=8, k=3, temperature=0.8, max_new_tokens=50,
                    fan_out_strategy="calibrated", a_p=0.8, r=0.7)
-    frame = trace.to_frame()
+    frame = rounds_frame(trace)
     apart = counterfactual_hits(frame, [0, 2, 8], k=3, strategy="calibrated", a_p=0.8, r=0.7, apart=True)
     for _, g in apart.groupby("budget"):
         assert g.backed.tolist() == [True] + (~g.hit.to_numpy()[:-1]).tolist()

@@ -13,7 +13,7 @@ import torch
 
 from ssd.core.latencies import Profile
 from ssd.core.speculation import SSDConfig
-from ssd.core.trace import Span
+from ssd.clock import Span
 from ssd.core.verify import Verdict
 from ssd.models.pair import Pair
 from ssd.models.tiny import tiny_pair

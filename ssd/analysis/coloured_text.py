@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from ..core.trace import token_roles
+from ..bench.frames import token_roles
 from ..core.verify import ROLES
 
 # Token roles (ssd.core.verify.ROLES) and their colours (backgrounds, light enough to read black text on).
@@ -58,7 +58,7 @@ def coloured_tokens_html(tokenizer, tokens, rounds) -> str:
     roles = token_roles(rounds)
     if len(roles) != len(ids):
         raise ValueError(f"rounds account for {len(roles)} new tokens but tokens has {len(ids)}: pass the new token "
-                         f"ids and Trace.to_frame() of the same generate call")
+                         f"ids and rounds_frame(trace) of the same generate call")
     pieces = token_pieces(tokenizer, ids)
     counts = {r: roles.count(r) for r in ROLES}
     legend = " ".join(_span(f"{r} ({counts[r]})", r, ROLE_HELP[r]) for r in ROLES)
@@ -70,7 +70,7 @@ def coloured_tokens_html(tokenizer, tokens, rounds) -> str:
 
 def coloured_tokens(tokenizer, tokens, rounds):
     """The generated text, each token coloured by its role (accepted green, recovered orange, bonus blue, target
-    plain), HTML-escaped, newlines kept, with a legend. tokens: the new token ids; rounds: Trace.to_frame() (or the
+    plain), HTML-escaped, newlines kept, with a legend. tokens: the new token ids; rounds: rounds_frame(trace) (or the
     Trace) of the same call."""
     from IPython.display import HTML
 

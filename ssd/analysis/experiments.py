@@ -16,7 +16,7 @@ from ..bench.profile import cached_profile
 from ..bench.prompts import encode
 from ..core.outcomes import Calibrator, allocate
 from ..core.speculation import SSDConfig
-from ..core.trace import final_rounds
+from ..bench.frames import final_rounds, rounds_frame
 from ..core.tuning import Autotune
 
 
@@ -68,7 +68,7 @@ def decode(pair, prompts, method: str, config, seed: int = 0, progress: bool = T
     for i, prompt in enumerate(tqdm(prompts, desc=method, disable=not progress)):
         new, trace = run(pair, encode(pair.tokenizer, prompt), config, torch.Generator().manual_seed(seed + i))
         tokens[prompt.id] = new
-        frame = trace.to_frame().assign(prompt_id=prompt.id)
+        frame = rounds_frame(trace).assign(prompt_id=prompt.id)
         runs.append({"prompt_id": prompt.id, "method": method, "new_tokens": len(new), "rounds": len(trace.rounds),
                      "acceptance_rate": trace.acceptance_rate, "a_p": fitted_a_p(frame) if trace.drafted else None,
                      "mean_accepted": trace.mean_accepted,
@@ -192,7 +192,7 @@ def timeline_summary(spans: pd.DataFrame) -> pd.DataFrame:
     each phase (verify, wait, draft steps or pre-speculation, lookup and backups: draft_s), the share of the decode time
     each lane worked (waits are not work), and the share in which both worked at once: 0 where the models take turns
     (SD), above 0 where the drafter works while the verifier verifies.
-    spans: Trace.spans_frame() rows (one call per method; ssd.bench.run.run_bench's "spans" for one prompt)."""
+    spans: ``spans_frame`` rows (one call per method; ssd.bench.run.run_bench's "spans" for one prompt)."""
     rows = []
     for method, g in spans[spans["round"] > 0].groupby("method", sort=False):
         decode_s = g["end_s"].max() - g["start_s"].min()

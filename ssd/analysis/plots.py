@@ -323,7 +323,7 @@ def latency_profile(frame: pd.DataFrame, title: str = ""):
     pre-speculation tree (forward and draws) against its branch rows,
     one line per label (e.g. "target bfloat16, draft int8"), each label's memory floor of a
     one-token step dashed in its colour, and the ratio to that one-token step written at the last point. Columns
-    label, role (target | draft), n, ms, ratio, floor_ms: `ssd.core.latencies.Profile.to_frame()` with a label."""
+    label, role (target | draft), n, ms, ratio, floor_ms: `ssd.bench.frames.profile_frame(profile)` with a label."""
     check_frame(frame, ["label", "role", "n", "ms", "ratio", "floor_ms"], "latency_profile")
     labels = ordered(frame["label"])
     with styled():

@@ -6,9 +6,11 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..bench.frames import spans_frame
+from ..core.trace import Trace
 from .style import check_frame, ordered, styled
 
-# The timeline's phases (ssd.core.trace.Span) and their colours; a drafted round's draft_s is the draft model's steps in
+# The timeline's phases (ssd.clock.Span) and their colours; a drafted round's draft_s is the draft model's steps in
 # SD, the lookup (a hit) or the backup (a miss) in SSD.
 PHASE_COLOURS = {"prompts' pass": "#bdbdbd", "verify": "#3b75af", "wait": "#ececec", "draft steps": "#ef8636",
                  "pre-speculation": "#8e6cc0", "lookup": "#55a868", "backup (jit)": "#c44e52",
@@ -21,12 +23,12 @@ LANE_NAMES = {"ssd-pipeline": {"target": "verifier (rank 0)", "draft": "drafter 
 
 
 def timeline_spans(traces) -> pd.DataFrame:
-    """The spans frame `timeline` draws: a frame already (Trace.spans_frame()'s columns), a Trace, or a list of
+    """The spans frame `timeline` draws: a frame already (``spans_frame``'s columns), a Trace, or a list of
     Traces (one call each)."""
     if isinstance(traces, pd.DataFrame):
         return traces
-    traces = [traces] if hasattr(traces, "spans_frame") else list(traces)
-    return pd.concat([t.spans_frame() for t in traces], ignore_index=True)
+    traces = [traces] if isinstance(traces, Trace) else list(traces)
+    return pd.concat([spans_frame(t) for t in traces], ignore_index=True)
 
 
 def _phase_name(phase: str, hit, backup) -> str:
@@ -46,7 +48,7 @@ def timeline(traces, rounds: int | None = None, title: str = ""):
     after each round's outcome, its lookup (a hit) or backup (a miss). Each SSD round's verify pass but the last
     (whose lookup decides nothing) is marked above with its hit (a green triangle) or miss (a red cross). rounds:
     draw only the prompts' pass and the first `rounds` rounds. traces: a Trace, a list of them (one call per
-    method), or a frame of spans (Trace.spans_frame(), several methods' concatenated; ssd.bench.run.run_bench's "spans"
+    method), or a frame of spans (``spans_frame``, several methods' concatenated; ssd.bench.run.run_bench's "spans"
     for one prompt)."""
     frame = check_frame(timeline_spans(traces),
                         ["method", "round", "phase", "lane", "start_s", "end_s", "hit", "backup"], "timeline")

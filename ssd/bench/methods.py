@@ -10,6 +10,10 @@ overrides, ``METHOD:FIELD=VALUE[:FIELD=VALUE]``, e.g. ``sd:k=2``, ``ar:batch_siz
 
 The methods that tune as they go (``TUNED``) also take ``autotune=`` (``ssd.core.tuning.Autotune``): what a run on
 auto is priced on and learns from; ``get_method`` and ``resolve`` bind it.
+
+The kit's own methods here are timed: each call gets a stopwatch (``ssd.clock.Stopwatch``) unless given a ``clock=``,
+so every trace they return holds its phase times, its spans and (AR) its near-tie margins. The loops of ``ssd.core``
+time nothing of themselves; ``ssd.generate_ar`` and the others are these.
 """
 from __future__ import annotations
 
@@ -20,20 +24,36 @@ from typing import NamedTuple
 import torch
 
 from ..checks import check_method, is_auto, parse_variant
-from ..core.decoding import batchable, generate_ar, generate_sd
+from ..clock import Stopwatch
+from ..core import decoding, speculation
+from ..core.decoding import batchable
 from .peers import generate_hf_ar, generate_hf_sd
 from ..llamacpp.peers import generate_llamacpp_ar, generate_llamacpp_sd
-from ..core.speculation import generate_ssd
 from ..core.tuning import on_auto
 
 
+def timed(generate):
+    """A method of ``ssd.core`` with a stopwatch of its own for each call, unless the caller gives a clock."""
+
+    @functools.wraps(generate)
+    def method(pair, prompt_ids, config, generator, clock=None, **options):
+        return generate(pair, prompt_ids, config, generator, clock=clock or Stopwatch(), **options)
+
+    return method
+
+
+generate_ar = timed(decoding.generate_ar)
+generate_sd = timed(decoding.generate_sd)
+generate_ssd = timed(speculation.generate_ssd)
+
+
 @batchable
-def generate_sd_1core(pair, prompts, config, generator, autotune=None):
+def generate_sd_1core(pair, prompts, config, generator, autotune=None, clock=None):
     """SD with one torch thread: what one device of the pipeline does alone, the fair baseline for ssd-pipeline."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        answers, traces = generate_sd(pair, prompts, config, generator, autotune=autotune)
+        answers, traces = generate_sd(pair, prompts, config, generator, autotune=autotune, clock=clock)
     finally:
         torch.set_num_threads(threads)
     for trace in traces:

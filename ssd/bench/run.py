@@ -30,7 +30,9 @@ from ..checks import check_at_least, parse_variant
 from .methods import get_method, resolve, tunes
 from ..names import ENGINE_AR
 from .prompts import encode
-from ..core.trace import ForwardClock, Trace
+from ..clock import ForwardClock
+from ..core.trace import Trace
+from .frames import rounds_frame, spans_frame
 from ..core.tuning import Autotune, tuned_latencies
 from .summaries import PARTNERS, against_peers, by_category, is_ssd, profile_prediction, summarize, time_breakdown
 
@@ -224,7 +226,7 @@ def run_bench(pair, prompts, methods: list[str], config: DecodeConfig, seed: int
                 answers[method][members[i]].append(_without_eos(tokens, pair.eos_token_ids))
                 if frame is not None:
                     rounds.append(frame)
-                spans += trace.spans_frame().assign(method=method, prompt_id=row["prompt_id"],
+                spans += spans_frame(trace).assign(method=method, prompt_id=row["prompt_id"],
                                                        call=row["call"]).to_dict("records")
             rows += turn_rows
             j += len(members)
@@ -287,7 +289,7 @@ def _run_turn(pair, members: list, turn: int, contexts: dict, order: list[str], 
             for i, (tokens, row, trace) in enumerate(answered, start=start):
                 prompt = members[i]
                 # Labelled with the variant, not the trace's method: two variants of one method are summarised apart.
-                frame = trace.to_frame().assign(method=method) if trace.rounds else None
+                frame = rounds_frame(trace).assign(method=method) if trace.rounds else None
                 if profile is not None and is_ssd(method):  # Theorem 7 fed by the profile
                     row["profile_tokens_per_s"] = profile_prediction(profile, resolve(method, config).config, b,
                                                                       frame)

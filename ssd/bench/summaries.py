@@ -12,7 +12,7 @@ from ..checks import is_auto, parse_variant
 from ..names import ENGINE_AR
 from .methods import resolve
 from ..core.theory import sd_from_profile, theorem7_from_profile, theorem7_speedup
-from ..core.trace import counted_lookups
+from .frames import counted_lookups
 from ..core.tuning import on_auto
 
 
@@ -38,7 +38,7 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
     batch (one row per round and sequence, each sequence's rounds together) carry ``all_hit``, whether every sequence
     hit that round: its mean is the all-hit rate the denominator needs (the hit rate where the column is missing, as
     in frames stored before batches). Both rates leave out each answer's last round, whose lookup decides nothing
-    (``ssd.core.trace.final_rounds``).
+    (``ssd.bench.frames.final_rounds``).
     """
     previous_hit = rounds.groupby(rounds["round"].eq(0).cumsum())["hit"].shift(1, fill_value=False).astype(bool)
     # A run's first verify pass also processes the whole prompt: leave it out of the cost of one verify pass.

@@ -18,11 +18,10 @@ import torch
 
 from .cached_model import CachedModel
 from ..checks import check_decoding, is_auto
-from .outcomes import Calibrator
 from .proposers import Draft, DraftModelProposer
 from .sampling import probs_from_logits, sample, uniforms
-from .trace import Round, Stopwatch, Trace
-from .tuning import BUDGETS, MEMORY, PRIOR_WEIGHT, SD_KS, SSD_KS, Autotune, sd_tuner, tuned_latencies
+from .trace import Round, Trace, Unclocked
+from .tuning import BUDGETS, SD_KS, SSD_KS, Autotune, DraftLengths
 from .verify import Verdict, verify
 
 
@@ -135,49 +134,57 @@ def cut(appended: list[int], room: int, eos: tuple[int, ...]) -> tuple[list[int]
 
 
 @batchable
-def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator):
-    """The target alone, one token per forward (over all rows): the reference every other method must reproduce."""
+def generate_ar(pair, prompts, config: DecodeConfig, generator: torch.Generator, clock=None):
+    """The target alone, one token per forward (over all rows): the reference every other method must reproduce.
+    clock: what times the phases (``ssd.clock.Stopwatch``; None: nothing is timed); one that asks for margins also
+    gets, each round, the target's top logit and its lead over the second (how near a tie the greedy token was)."""
     tokens = check_prompts(pair, prompts, config)
+    clock = clock or Unclocked()
     target = CachedModel(pair.target, len(tokens))
     new, live = [[] for _ in tokens], list(range(len(tokens)))
-    traces, watch = batch_traces("ar", tokens), Stopwatch()
+    traces = batch_traces("ar", tokens)
     # No pass of its own for the prompts: the first step feeds them, as transformers' generate does (one forward
     # fewer); that first round counts as the prompts' pass in decode tokens/s.
-    with watch.whole(*traces):
+    with clock.whole(*traces):
         while live:
-            with watch("verify_s"):
+            with clock("verify_s"):
                 logits = target.logits({row: tokens[row] for row in live}, keep=1)  # {row: [1, V]}
                 steps = {row: _step(logits[row][0], config, generator) for row in live}
-            seconds = watch.take()
+            seconds = clock.take()
             for row in list(live):
-                token, top = steps[row]
-                emitted, done = cut([token], config.max_new_tokens - len(new[row]), pair.eos_token_ids)
+                emitted, done = cut([steps[row]], config.max_new_tokens - len(new[row]), pair.eos_token_ids)
                 tokens[row] += emitted
                 new[row] += emitted
-                traces[row].rounds.append(Round(draft_len=0, accepted=0, token=token, new_tokens=len(emitted),
-                                                draft_s=0.0, top_logit=top[0], margin=top[0] - top[-1], **seconds))
+                traces[row].rounds.append(Round(draft_len=0, accepted=0, token=steps[row], new_tokens=len(emitted),
+                                                **_margin(logits[row][0], clock), **seconds))
                 if done:
                     live.remove(row)
                     target.retire(row)
     return new, traces
 
 
-def _step(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator) -> tuple[int, list[float]]:
-    """AR's token from one row's logits [V], and the top two logits (how close a call the greedy token was)."""
+def _step(logits: torch.Tensor, config: DecodeConfig, generator: torch.Generator) -> int:
+    """AR's token from one row's logits [V]."""
     if config.temperature == 0:
         uniforms(1, generator)  # the generator advances as in sampling: the stream does not depend on T
-        return _greedy_step(logits)
-    token = sample(probs_from_logits(logits, config.temperature), generator)
-    return token, logits.topk(min(2, logits.shape[-1])).values.tolist()
+        return int(logits.argmax())  # the first of equal maxima, as the one-hot draw of the sampling path gives it
+    return sample(probs_from_logits(logits, config.temperature), generator)
 
 
-def _greedy_step(logits: torch.Tensor) -> tuple[int, list[float]]:
-    """The argmax (the first of equal maxima, as the one-hot draw of the sampling path gives it) and the top two
-    logits, in two passes over the vocabulary: that path's one-hot, draw and top-k took 0.58 ms a step against 0.16
-    (152k logits, one thread), a third of AR's time outside its forwards per step."""
+def _margin(logits: torch.Tensor, clock) -> dict[str, float]:
+    """The round's top_logit and margin where the clock asks for them (a measured call), else nothing."""
+    if not clock.margins:
+        return {}
+    top, second = _top_two(logits)
+    return {"top_logit": top, "margin": top - second}
+
+
+def _top_two(logits: torch.Tensor) -> tuple[float, float]:
+    """The two largest logits of a row [V] (equal when the maximum is repeated), in two passes over the vocabulary:
+    a top-k took three times as long (152k logits, one thread)."""
     top, token = logits.max(-1)
     others = [part.max() for part in (logits[: int(token)], logits[int(token) + 1 :]) if len(part)]
-    return int(token), [float(top), float(max(others)) if others else float(top)]
+    return float(top), float(max(others)) if others else float(top)
 
 
 def batch_traces(method: str, prompts: list[list[int]]) -> list[Trace]:
@@ -238,33 +245,30 @@ class Verifier:
 
 
 @batchable
-def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator, autotune: Autotune | None = None):
+def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator, autotune: Autotune | None = None,
+                clock=None):
     """Speculative decoding: K draft tokens, one target pass over K+1 positions, rejection sampling; each step over
-    all rows at once. With k="auto" each row's K is its tuner's (ssd.core.tuning), re-decided from its acceptance rate
-    and priced on the autotune's profile at this batch size (SD reads no carried estimates)."""
+    all rows at once. With k="auto" each row's K is its tuner's (``ssd.core.tuning.DraftLengths``), priced on the
+    autotune's profile at this batch size. clock: what times the phases (``ssd.clock.Stopwatch``; None: nothing)."""
     prompts = check_prompts(pair, prompts, config)
-    # (an SSDConfig's budget or backup on auto is not SD's concern)
-    latencies = tuned_latencies(autotune, len(prompts)) if is_auto(config.k) else None
-    # Each row's acceptance rate, for k="auto"
-    calibrators = [Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY) for _ in prompts]
-    tuners = [sd_tuner(config, calibrator, latencies) for calibrator in calibrators]
+    clock = clock or Unclocked()
+    lengths = DraftLengths(config, len(prompts), autotune)  # (an SSDConfig's budget or backup is not SD's concern)
     proposer = DraftModelProposer(pair.draft, prompts, config.temperature)
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
-    traces, watch = batch_traces("sd", prompts), Stopwatch()
+    traces = batch_traces("sd", prompts)
     # The prompts go in with the first round: the draft's first step and the target's first verify pass feed them
     # (one forward fewer per model, as transformers' assisted generation does).
-    with watch.whole(*traces):
+    with clock.whole(*traces):
         while verifier.live:
-            ks = {row: verifier.draft_len(tuners[row].k, row) for row in verifier.live}
-            with watch("draft_s"):
+            ks = {row: verifier.draft_len(lengths.k(row), row) for row in verifier.live}
+            with clock("draft_s"):
                 drafts = proposer.propose(ks, {row: uniforms(k, generator) for row, k in ks.items()})
-            with watch("verify_s"):
+            with clock("verify_s"):
                 checked = verifier.check(drafts, {row: uniforms(k + 1, generator) for row, k in ks.items()})
-            seconds = watch.take()
+            seconds = clock.take()
             for row, c in checked.items():
                 proposer.observe(row, drafts[row], c.verdict)
-                calibrators[row].update(c.verdict.accepted, ks[row], None)
-                tuners[row].step()
+                lengths.observe(row, c.verdict)
                 if c.done:
                     proposer.retire(row)
                 traces[row].rounds.append(Round(draft_len=ks[row], accepted=c.verdict.accepted, token=c.verdict.token,

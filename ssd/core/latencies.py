@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 
 @dataclass
@@ -67,9 +66,9 @@ class Profile:
         stored before this curve was measured prices it as one draft step, as Theorem 7 then did."""
         return _interp(self.glue_ms, tokens) if self.glue_ms else self.draft_at(1)
 
-    def to_frame(self) -> pd.DataFrame:
-        """One row per (role, n): ms, ratio to the one-token step, and the floor of that step (role glue: the draft's
-        glue step, where the profile has it)."""
+    def rows(self) -> list[dict]:
+        """One record per (role, n): ms, ratio to the one-token step, and the floor of that step (role glue: the
+        draft's glue step, where the profile has it); as a table, ``ssd.bench.frames.profile_frame``."""
         rows = []
         curves = [("target", self.target_ms), ("draft", self.draft_ms)]
         curves += [("glue", self.glue_ms)] if self.glue_ms else []
@@ -79,7 +78,7 @@ class Profile:
             for n, ms in sorted(curve.items()):
                 rows.append({"role": role, "precision": self.precisions[model], "n": n, "ms": ms, "ratio": ms / one,
                              "floor_ms": self.floor_ms(model)})
-        return pd.DataFrame(rows)
+        return rows
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

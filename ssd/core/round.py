@@ -31,7 +31,7 @@ import torch
 from .decoding import Checked, Verifier
 from .proposers import Draft
 from .sampling import one_hot, uniforms
-from .trace import SSDRound, Span, Stopwatch, Trace
+from .trace import SSDRound, Trace
 from .verify import Verdict
 
 BACKUP_OF = {"draft": "jit", "ngram": "fast"}  # the backup each proposer's drafts come from, by Draft.source
@@ -91,7 +91,7 @@ class Report:
     backup: str | None  # the backup that drafted the row's next round after a miss
     # When the drafter pre-speculated and drafted, on its own clock (round 0's: also its prompts' pass and first
     # drafts where they were timed, a span of round None)
-    spans: tuple[Span, ...] = ()
+    spans: tuple = ()  # ssd.clock.Span
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,12 +128,12 @@ class Outcome:
 
 class DrafterSide:
     """A Speculator (``ssd.core.speculation``) driven round by round over a batch's live rows. It times its phases
-    on a stopwatch of its own (on its clock's own readings: origin 0.0), whose spans go to the verifier with each
-    round's reports, as they would from another process."""
+    on the clock it is given (the call's ``side()``: its own readings, origin 0.0), whose spans go to the verifier
+    with each round's reports, as they would from another process."""
 
-    def __init__(self, speculator, draws: Draws):
+    def __init__(self, speculator, draws: Draws, clock):
         self.speculator, self.draws = speculator, draws
-        self.watch = Stopwatch(origin=0.0)
+        self.clock = clock
         self.round = 0
         self.live: list[int] = []
         self.drafts: dict[int, Draft] = {}  # the drafts of the round in hand, by live row
@@ -183,7 +183,7 @@ class DrafterSide:
         """Fill every live row's cache with the next round's draft for each predicted outcome of the round in hand;
         once a round (a drafter on shared cores pre-speculates round 0 early: ``ssd.pipeline.protocol``)."""
         if not self.prespeculated:
-            with self.watch("prespec_s"):
+            with self.clock("prespec_s"):
                 self.speculator.prespeculate(self.u_draft)
             self.prespeculated = True
 
@@ -191,15 +191,15 @@ class DrafterSide:
         """Commit each row's outcome and look it up; draft the next round of the rows that go on (a hit from the
         cache, the misses by the backup together). Returns the round's reports, by row."""
         spec, live = self.speculator, self.live
-        with self.watch("draft_s"):
+        with self.clock("draft_s"):
             for row in live:
                 spec.observe(row, self.drafts[row], outcome.verdicts[row])
             going = [row for row in live if not outcome.done[row]]
             following = spec.propose({row: outcome.rooms[row] for row in going},
                                      {row: self.u_draft[row] for row in going})
-        spans = self.watch.spans_of(self.round) + (self.watch.spans_of(None) if self.round == 0 else ())
-        seconds = self.watch.take()
-        reports = {row: Report(prespec_s=seconds["prespec_s"], draft_s=seconds["draft_s"],
+        spans = self.clock.spans_of(self.round) + (self.clock.spans_of(None) if self.round == 0 else ())
+        seconds = self.clock.take()
+        reports = {row: Report(prespec_s=seconds.get("prespec_s", 0.0), draft_s=seconds.get("draft_s", 0.0),
                                hit=spec.last_lookup(row).hit, rank=spec.last_lookup(row).rank,
                                backup=backup_used(following.get(row)), spans=spans) for row in live}
         for row in live:
@@ -232,12 +232,12 @@ def backup_used(following: Draft | None) -> str | None:
 
 class VerifierSide:
     """A Verifier (``ssd.core.decoding``) driven round by round: check each DraftMessage, answer its Outcome, and
-    record the round in each row's trace once the drafter's reports are in. Times go to the call's stopwatch, the
-    drafter's spans with them; each round is recorded as `kind` (SSDRound; PipelineRound adds the wait)."""
+    record the round in each row's trace once the drafter's reports are in. Times go to the call's clock, the
+    drafter's spans with them; each round is recorded as `kind` (SSDRound; the pipeline's adds the wait)."""
 
-    def __init__(self, verifier: Verifier, draws: Draws, traces: list[Trace], watch: Stopwatch, vocab_size: int,
+    def __init__(self, verifier: Verifier, draws: Draws, traces: list[Trace], clock, vocab_size: int,
                  kind: type[SSDRound] = SSDRound):
-        self.verifier, self.draws, self.traces, self.watch = verifier, draws, traces, watch
+        self.verifier, self.draws, self.traces, self.clock = verifier, draws, traces, clock
         self.vocab_size, self.kind = vocab_size, kind
         self.round = 0
         self.checked: tuple[DraftMessage, list[int], dict[int, Checked]] | None = None  # the round awaiting reports
@@ -251,7 +251,7 @@ class VerifierSide:
             self.draws.first(message.first_drawn)  # the drafter's share: skipped (one process: drawn already)
         _, u_verify = self.draws.round(self.round, message.drawn, {row: len(message.tokens[row]) for row in live})
         drafts = received_drafts(message, q, live, self.vocab_size, verifier.target.device)
-        with self.watch("verify_s"):
+        with self.clock("verify_s"):
             checked = verifier.check(drafts, u_verify)
         self.checked = message, live, checked
         return Outcome(verdicts={row: c.verdict for row, c in checked.items()},
@@ -262,8 +262,8 @@ class VerifierSide:
         """Record the round last checked, with the drafter's reports on it (and its spans, whose clock is offset_s
         ahead of this one's: 0 on one host)."""
         message, live, checked = self.checked
-        seconds = self.watch.take()
-        self.watch.add(reports[live[0]].spans, offset_s)  # the batch's: every row's report holds the same
+        seconds = self.clock.take()
+        self.clock.add(reports[live[0]].spans, offset_s)  # the batch's: every row's report holds the same
         # Only the rows that go on wait for a draft: a finishing row's lookup is moot (trace.final_rounds)
         all_hit = all(reports[row].hit for row in live if not checked[row].done)
         for row in live:

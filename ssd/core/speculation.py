@@ -31,7 +31,7 @@ from ..checks import check_at_least, check_ssd, is_auto
 from .outcomes import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
 from .round import DrafterSide, Draws, InProcess, VerifierSide, draft_rounds
-from .trace import Stopwatch
+from .trace import Unclocked
 from .tuning import SSD_KS, Autotune, on_auto, ssd_tuner, tuned_latencies
 from .tree import draft_tree, saguaro_q
 from .verify import Verdict
@@ -308,20 +308,22 @@ class Speculator(Proposer):
 
 
 @batchable
-def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator, autotune: Autotune | None = None):
+def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator, autotune: Autotune | None = None,
+                 clock=None):
     """SSD in one process, over a batch: the drafter's and the verifier's side of each round (``ssd.core.round``),
     linked in-process, so the phases run one after the other. Lossless: every round is verified exactly as in SD,
     against the q it was drawn from. On auto (K, B or the backup) the autotune gives the latencies and carries the
-    estimates."""
+    estimates. clock: what times the phases (``ssd.clock.Stopwatch``; None: nothing)."""
     check_ssd_config(config)
     prompts = check_prompts(pair, prompts, config)
     draws = Draws(generator)  # both sides' uniforms, drawn once
-    drafter = DrafterSide(Speculator(pair.draft, prompts, config, pair.vocab_size, autotune), draws)
+    clock = clock or Unclocked()
+    drafter = DrafterSide(Speculator(pair.draft, prompts, config, pair.vocab_size, autotune), draws, clock.side())
     verifier = Verifier(pair.target, prompts, config, pair.eos_token_ids)
-    traces, watch = batch_traces("ssd", prompts), Stopwatch()
+    traces = batch_traces("ssd", prompts)
     # The target's prompts go in with the first verify pass (one target forward fewer, as in SD), the draft's in a pass
     # of their own before the first drafts, as the pipeline's drafter makes them.
-    with watch.whole(*traces):
+    with clock.whole(*traces):
         drafter.start(prompts, {row: verifier.room(row) for row in verifier.live})
-        draft_rounds(drafter, InProcess(VerifierSide(verifier, draws, traces, watch, pair.vocab_size)))
+        draft_rounds(drafter, InProcess(VerifierSide(verifier, draws, traces, clock, pair.vocab_size)))
     return verifier.new, traces

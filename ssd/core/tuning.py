@@ -41,8 +41,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import pandas as pd
-
 from ..checks import is_auto
 from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import all_hit_rate, batch_size, expected_tokens, theorem7_from_profile
@@ -138,7 +136,7 @@ def ssd_tokens_per_s(a_p: float, law: PowerLaw | MissModel, k: int, budget: int,
     return predicted["profile_tokens_per_s"], p_hit
 
 
-def _ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, backup: str = "jit",
+def ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, backup: str = "jit",
                 **options) -> dict:
     """{(K, B, backup): (predicted tokens/s, hit rate)} over the candidates, K then B ascending, jit before fast."""
     a_p = _check_rate(a_p, "a_p (the acceptance rate)")
@@ -152,7 +150,7 @@ def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD
                         fast_tokens: Callable[[int], float] | None = None) -> Choice:
     """The (K, B) of SSD, and on backup="auto" the backup, with the most predicted tokens per second (the smaller K,
     then B, then the jit backup on a tie)."""
-    scored = _ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
+    scored = ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
     best = max(scored, key=lambda key: scored[key][0])  # ascending K, B, jit first: max keeps the first of the best
     k, b, kind = best
     return Choice(k=k, budget=b, tokens_per_s=scored[best][0], p_hit=scored[best][1], backup=kind)
@@ -247,6 +245,26 @@ def sd_tuner(config, calibrator: Calibrator, latencies=None) -> Tuner:
     return Tuner(lambda: choose_sd_k(calibrator.a_p, latencies))
 
 
+class DraftLengths:
+    """SD's K for each row of a batch: the configured K, or (k="auto") each row's tuner's, priced on the latencies at
+    the batch's size and re-decided from the row's own acceptance rate after every round it observes (SD reads no
+    carried estimates: each answer starts from the prior a_p)."""
+
+    def __init__(self, config, rows: int, autotune: Autotune | None = None):
+        latencies = tuned_latencies(autotune, rows) if is_auto(config.k) else None  # fails before any forward
+        self.calibrators = [Calibrator(prior_a_p=config.a_p, prior_weight=PRIOR_WEIGHT, memory=MEMORY)
+                            for _ in range(rows)]
+        self.tuners = [sd_tuner(config, calibrator, latencies) for calibrator in self.calibrators]
+
+    def k(self, row: int) -> int:
+        return self.tuners[row].k
+
+    def observe(self, row: int, verdict) -> None:
+        """Learn the row's acceptance from its round's verdict, and decide its next K."""
+        self.calibrators[row].update(verdict.accepted, verdict.draft_len, None)
+        self.tuners[row].step()
+
+
 def ssd_tuner(config, calibrator: Calibrator, latencies=None) -> Tuner:
     """SSD's (K, B, backup): each configured, or on auto the best (Theorem 7 priced on the latencies, at their batch
     size) from the calibrator's a_p, miss rates and, for the fast backup, the tokens its n-gram proposals would have
@@ -282,18 +300,3 @@ def calibrator_from(rounds, prior_a_p: float = 0.6, prior_r: float = 0.5) -> Cal
     for draft_len, accepted, rank in zip(rounds["draft_len"], rounds["accepted"], rounds["rank"]):
         calibrator.update(int(accepted), int(draft_len), None if rank is None or rank != rank else int(rank))
     return calibrator
-
-
-def sd_curve(a: float, latencies, ks=SD_KS):
-    """SD's predicted decode tokens/s at each K: one row per K (columns k, tokens_per_s)."""
-    return pd.DataFrame({"k": list(ks), "tokens_per_s": [sd_tokens_per_s(a, k, latencies) for k in ks]})
-
-
-def ssd_surface(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
-                strategy: str = "calibrated", backup: str = "jit", r: float | None = None,
-                fast_tokens: Callable[[int], float] | None = None):
-    """SSD's predicted decode tokens/s and hit rate at each (K, B) and backup (both on "auto"): one row each (columns
-    k, budget, backup, tokens_per_s, p_hit), what choose_ssd_k_budget takes the best of."""
-    scored = _ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
-    return pd.DataFrame([{"k": k, "budget": b, "backup": kind, "tokens_per_s": tps, "p_hit": p_hit}
-                         for (k, b, kind), (tps, p_hit) in scored.items()])

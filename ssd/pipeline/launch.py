@@ -50,7 +50,7 @@ from ..models.loading import check_pair_name, load_draft
 from ..models.precision import convert, precision_of
 from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_rounds
 from ..core.speculation import SSDConfig, check_ssd_config
-from ..core.trace import Stopwatch
+from ..clock import Stopwatch
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
 from ..core.tuning import Autotune, on_auto, tuned_latencies
 

@@ -24,15 +24,26 @@ from dataclasses import dataclass
 
 import torch
 
+from ..clock import Span, Stopwatch
 from ..core.decoding import Verifier
 from ..core.latencies import Profile
 from ..core.round import DraftMessage, DrafterSide, Draws, Outcome, Report, VerifierSide, draft_rounds
 from ..core.speculation import SSDConfig, Speculator
-from ..core.trace import PipelineRound, Span, Stopwatch, Trace
+from ..core.trace import SSDRound, Trace
 from ..core.tuning import Autotune
 from ..core.verify import Verdict
 from ..models.cores import pinned
 from .transport import Channel
+
+
+@dataclass
+class PipelineRound(SSDRound):
+    """A round of the two-rank pipeline: verify_s on the verifier, prespec_s and draft_s on the drafter."""
+
+    # The verifier's idle time from the end of this round's verify pass until the next draft (or the last report)
+    # arrived: about max(0, prespec - verify) after a hit, plus the backup after a miss, plus the messages' transit.
+    wait_s: float = 0.0
+
 
 # ---- the messages --------------------------------------------------------------------------------------------------
 
@@ -106,14 +117,14 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float, au
     if start.latencies is not None:
         autotune.profiles[len(start.prompts)] = start.latencies
     speculator = Speculator(draft_model, start.prompts, start.config, start.vocab_size, autotune)
-    drafter = DrafterSide(speculator, Draws(generator))
+    drafter = DrafterSide(speculator, Draws(generator), Stopwatch(origin=0.0))
     # The verifier feeds its prompts with round 0's verify pass, on start.first_cores where it names them (the
     # drafter's too: this rank has nothing to do then). So on such shared cores this rank makes its prompts' pass,
     # its first drafts and round 0's pre-speculation before that verify pass, on both ranks' cores; with cores or a
     # device of its own it pre-speculates round 0 while round 0 is verified, like every later round.
     early = bool(start.first_cores)
     with pinned(list(start.first_cores)) if early else contextlib.nullcontext():
-        with drafter.watch.before_rounds("draft_s"):  # sent with round 0's report
+        with drafter.clock.before_rounds("draft_s"):  # sent with round 0's report
             drafter.start(start.prompts, dict(enumerate(start.rooms)))
         if early:
             drafter.prespeculate()  # the round's pre-speculation, done: draft_rounds does not repeat it
