@@ -17,7 +17,7 @@ from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.bench.lossless import ALPHA, chi_square_p, exact_target_distribution, sequence_index
 from ssd.bench.methods import resolve
 from ssd.models.tiny import tiny_pair
-from ssd.core.outcomes import Calibrator
+from ssd.core.fan_out import Calibrator
 from ssd.models.capability import kind_line, kind_of, machine_kind
 from ssd.pipeline.launch import PipelineConfig, close_pipelines, generate_ssd_pipeline
 from ssd.core.latencies import Profile

@@ -24,7 +24,7 @@ def test_a_model_that_cannot_be_loaded_is_one_line(monkeypatch, capsys):
 
 
 def test_a_pipeline_fault_prints_its_cause_alone(monkeypatch, capsys):
-    message = ("ssd-pipeline: the link to the other rank broke while sending the outcome of round 3; the drafter "
+    message = ("ssd-pipeline: the link to the other rank broke while sending the verdicts of round 3; the drafter "
                "raised:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in draft\nRuntimeError: out of "
                "memory")
 
@@ -34,7 +34,7 @@ def test_a_pipeline_fault_prints_its_cause_alone(monkeypatch, capsys):
     monkeypatch.setattr("ssd.commands.cmd_models", fault)
     assert main(["models"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: ssd-pipeline: the link to the other rank broke while sending the outcome of round 3; the "
+    assert err == ["error: ssd-pipeline: the link to the other rank broke while sending the verdicts of round 3; the "
                    "drafter raised: RuntimeError: out of memory"]
 
 

@@ -1,7 +1,9 @@
 """The package's layering: subpackages by concern, imports that flow one way, no module that reaches back up to one
 that imports it, and an algorithm (``ssd.core``) that knows nothing of measurement, hardware or the command line."""
 import ast
+import importlib
 import pathlib
+import re
 
 import ssd
 
@@ -204,3 +206,37 @@ def test_the_pipeline_is_split_by_idea():
     assert "pipeline.transport" in edges["pipeline.protocol"]
     assert not edges["pipeline.transport"] & {"pipeline.protocol", "pipeline.launch"}
     assert "pipeline.launch" not in edges["pipeline.protocol"]
+
+
+def loop_of(module: str, function: str) -> ast.While:
+    tree = ast.parse((PACKAGE / f"{module.replace('.', '/')}.py").read_text())
+    found = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    return next(n for n in ast.walk(found) if isinstance(n, ast.While))
+
+
+def test_the_round_loops_fit_on_a_screen_and_call_no_tuner_nor_calibrator():
+    """SD's loop and SSD's (the verifier's three steps, for one process and the pipeline alike) each at most 40 lines;
+    the tuning observes their verdicts from outside (ssd.core.tuning.DraftLengths, the speculator), and the clock
+    they mark their phases on is the caller's."""
+    for module, function in (("core.decoding", "generate_sd"), ("core.decoding", "generate_ar"),
+                             ("core.round", "verify_rounds")):
+        loop = loop_of(module, function)
+        assert loop.end_lineno - loop.lineno + 1 <= 40, function
+        called = {ast.unparse(n.func) for n in ast.walk(loop) if isinstance(n, ast.Call)}
+        assert not {c for c in called if any(w in c.lower() for w in ("tuner", "calibrator", "stopwatch", "time."))}, \
+            (function, called)
+
+
+def test_the_cores_glossary_names_what_the_core_has():
+    """ssd/core/__init__.py lists the core's modules in reading order and its words; each name it quotes as code is a
+    module of the core, or a class or function of one, or of ``Verifier`` (its method)."""
+    core = {name.split(".", 1)[1] for name in modules() if name.startswith("core.")}
+    defined = set()
+    for module in core:
+        tree = ast.parse((PACKAGE / "core" / f"{module}.py").read_text())
+        defined |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    quoted = set(re.findall(r"``([\w.]+)``", importlib.import_module("ssd.core").__doc__))
+    unknown = {q for q in quoted if q not in core and q.split(".")[-1] not in defined and q != "ssd.checks"
+               and q != "ssd.clock"}
+    assert not unknown, unknown
+    assert core <= quoted, sorted(core - quoted)  # every module in the reading order

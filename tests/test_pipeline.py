@@ -399,8 +399,8 @@ def test_a_drafter_that_hangs_mid_generation_times_out_and_is_stopped():
     # which on a machine busy with the other tests' worker once took over 1 s (a timeout before the hang).
     pipeline = start("hang", 25, timeout_s=3.0)
     started = time.monotonic()
-    # The hang may come while pre-speculating (the outcome cannot be delivered) or in the backup (no next draft).
-    hang = "no reply within timeout_s=3 s while (sending the outcome|waiting for the draft)"
+    # The hang may come while pre-speculating (the verdicts cannot be delivered) or in the backup (no next draft).
+    hang = "no reply within timeout_s=3 s while (sending the verdicts|waiting for the draft)"
     with pytest.raises(PipelineError, match=hang):
         generate(pipeline)
     assert_ended(pipeline, started, 8)

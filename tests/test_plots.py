@@ -15,7 +15,7 @@ from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 from ssd.analysis import coloured_text, plots, style, timeline# noqa: E402
 from ssd.bench.frames import rounds_frame, spans_frame, token_roles  # noqa: E402
 from ssd.bench.stats import mean_ci  # noqa: E402
-from ssd.core.outcomes import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
+from ssd.core.fan_out import fit_miss_rate, fit_power_law, outcome_probabilities  # noqa: E402
 from ssd.core.theory import expected_tokens  # noqa: E402
 from ssd.core.trace import Round, Trace  # noqa: E402
 

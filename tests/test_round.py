@@ -11,7 +11,7 @@ import torch
 import ssd.core.round
 import ssd.pipeline.protocol
 from ssd.core.decoding import Verifier, batch_traces
-from ssd.core.round import DrafterSide, DraftMessage, Draws, InProcess, Outcome, VerifierSide, draft_rounds
+from ssd.core.round import DrafterSide, DraftMessage, Draws, InProcess, Verdicts, VerifierSide, verify_rounds
 from ssd.core.speculation import SSDConfig, Speculator, generate_ssd
 from ssd.clock import Stopwatch
 from ssd.core.trace import Round
@@ -29,13 +29,14 @@ def pair():
 
 
 class Wire(InProcess):
-    """The in-process link, with every message pickled on its way, as the pipeline's channel sends it."""
+    """The in-process speculator, with every message pickled on its way, as the pipeline's channel sends it."""
 
-    def send(self, message, q):
-        super().send(pickle.loads(pickle.dumps(message)), q)
+    def drafts(self):
+        message, q = super().drafts()
+        return pickle.loads(pickle.dumps(message)), q
 
-    def outcome(self):
-        return pickle.loads(pickle.dumps(super().outcome()))
+    def follow(self, outcome):
+        return pickle.loads(pickle.dumps(super().follow(pickle.loads(pickle.dumps(outcome)))))
 
 
 def two_sided(pair, prompts, config, seed):
@@ -48,7 +49,7 @@ def two_sided(pair, prompts, config, seed):
     traces, watch = batch_traces("ssd", prompts), Stopwatch()
     with watch.whole(*traces):
         drafter.start(prompts, {row: verifier.room(row) for row in verifier.live})
-        draft_rounds(drafter, Wire(VerifierSide(verifier, Draws(verifier_gen), traces, watch, pair.vocab_size)))
+        verify_rounds(VerifierSide(verifier, Draws(verifier_gen), traces, watch, pair.vocab_size), Wire(drafter))
     return verifier.new, traces, drafter_gen, verifier_gen
 
 
@@ -120,12 +121,12 @@ def test_messages_are_frozen_keyword_records_and_all_listed_for_the_wire():
     records = [getattr(module, name) for module in (ssd.core.round, ssd.pipeline.protocol) for name in dir(module)]
     messages = {r for r in records if dataclasses.is_dataclass(r) and isinstance(r, type)
                 and r.__module__ in ("ssd.core.round", "ssd.pipeline.protocol") and not issubclass(r, Round)}
-    assert {m.__name__ for m in messages} == {"Report", "DraftMessage", "Outcome", "Ready", "Start", "LastReports",
-                                              "Stop"}
+    assert {m.__name__ for m in messages} == {"Report", "DraftMessage", "DrafterClock", "Verdicts", "Ready", "Start",
+                                              "LastReports", "Stop"}
     assert messages <= set(WIRE_TYPES)
     for message in messages:
         assert message.__dataclass_params__.frozen
         assert all(f.kw_only for f in dataclasses.fields(message))
     with pytest.raises(TypeError):
-        Outcome({}, {}, {})  # positional construction is refused
+        Verdicts({}, {}, {})  # positional construction is refused
     assert DraftMessage(round=0, tokens={}, drawn={}, fan_out={}, a_p={}, r={}).previous is None

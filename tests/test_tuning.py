@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ssd.core.outcomes import Calibrator, PowerLaw
+from ssd.core.fan_out import Calibrator, PowerLaw
 from ssd.bench.profile import load
 from ssd.core.theory import expected_tokens
 from ssd.core.tuning import (choose_sd_k, choose_ssd_k_budget, predicted_hit_rate, sd_tokens_per_s, ssd_tokens_per_s)

@@ -17,10 +17,10 @@ from ssd.clock import Span
 from ssd.core.verify import Verdict
 from ssd.models.pair import Pair
 from ssd.models.tiny import tiny_pair
-from ssd.core.round import DraftMessage, Outcome, Report
+from ssd.core.round import DraftMessage, Verdicts, Report
 from ssd.pipeline.launch import Pipeline, close_pipelines
 from ssd.pipeline.transport import PipelineError
-from ssd.pipeline.protocol import WIRE_TYPES, LastReports, Ready, Start, Stop
+from ssd.pipeline.protocol import WIRE_TYPES, DrafterClock, LastReports, Ready, Start, Stop
 from ssd.pipeline.transport import Channel
 from ssd.pipeline.wire import MAX_RECORD_BYTES, Wire, WireError
 
@@ -56,10 +56,11 @@ MESSAGES = [
           vocab_size=32, timeout_s=10, sent_s=0.25),
     DraftMessage(round=0, tokens={0: [5, 9, 2, 11], 3: [7]}, drawn={0: 4, 3: 2},
                  fan_out={0: (3, 2, 1, 1, 1), 3: (2, 1)}, a_p={0: 0.71, 3: 0.5}, r={0: 0.5, 3: 0.42},
-                 first_drawn={0: 4, 3: 1}, clock=(17.25, 17.5)),
+                 first_drawn={0: 4, 3: 1}),
+    DrafterClock(received_s=17.25, sent_s=17.5),
     DraftMessage(round=5, tokens={0: [1, 2]}, drawn={0: 2}, fan_out={0: (1, 1, 0)}, a_p={0: 0.6}, r={0: 0.5},
                  previous={0: report(2, None, 4), 1: report(None, "jit", 4)}),
-    Outcome(verdicts={0: Verdict(accepted=3, token=17, draft_len=4), 3: Verdict(0, 2, 1)}, done={0: False, 3: True},
+    Verdicts(verdicts={0: Verdict(accepted=3, token=17, draft_len=4), 3: Verdict(0, 2, 1)}, done={0: False, 3: True},
             rooms={0: 40, 3: 0}),
     LastReports(previous={2: report(None, "fast", 9)}),
     Stop(),
@@ -108,8 +109,8 @@ def test_the_sender_refuses_what_the_wire_does_not_carry():
         wire.encode(small_start(latencies=torch.Generator()))
     with pytest.raises(WireError, match="tensor of dtype complex64"):
         wire.encode(small_start(generator_state=torch.zeros(2, dtype=torch.complex64)))
-    with pytest.raises(WireError, match=r"Outcome.done: a dict key 0.5"):
-        wire.encode(Outcome(verdicts={}, done={0.5: True}, rooms={}))
+    with pytest.raises(WireError, match=r"Verdicts.done: a dict key 0.5"):
+        wire.encode(Verdicts(verdicts={}, done={0.5: True}, rooms={}))
 
 
 def edited(message, change) -> bytes:
@@ -119,8 +120,8 @@ def edited(message, change) -> bytes:
     return json.dumps(tree).encode()
 
 
-OUTCOME, START = MESSAGES[5], MESSAGES[2]
-# Where in a message's JSON: Outcome.verdicts[0] (a Verdict record), Outcome.rooms' entries, Start.generator_state
+VERDICTS, START = next(m for m in MESSAGES if isinstance(m, Verdicts)), MESSAGES[2]
+# Where in a message's JSON: Verdicts.verdicts[0] (a Verdict record), Verdicts.rooms' entries, Start.generator_state
 # (a tensor), Start.config's fields
 VERDICT, ROOMS = ["fields", "verdicts", "dict", 0, 1], ["fields", "rooms", "dict"]
 STATE, CONFIG = ["fields", "generator_state", "tensor"], ["fields", "config", "fields"]
@@ -139,30 +140,30 @@ def update(path, **changes):
 MALFORMED = {
     "unknown type": (edited(Stop(), update([], type="Popen")), r"^unknown type 'Popen'$"),
     "a known name that is no wire type": (edited(Stop(), update([], type="Pair")), "^unknown type 'Pair'$"),
-    "unknown nested type": (edited(OUTCOME, update(VERDICT, type="X")),
-                            r"^unknown type 'X' at Outcome.verdicts\[0\]$"),
-    "extra field": (edited(OUTCOME, update(VERDICT + ["fields"], shell=True)),
-                    r"^Outcome.verdicts\[0\]: unknown field 'shell'$"),
-    "missing field": (edited(OUTCOME, lambda tree: at(tree, VERDICT + ["fields"]).pop("token")),
-                      r"^Outcome.verdicts\[0\]: missing field 'token'$"),
+    "unknown nested type": (edited(VERDICTS, update(VERDICT, type="X")),
+                            r"^unknown type 'X' at Verdicts.verdicts\[0\]$"),
+    "extra field": (edited(VERDICTS, update(VERDICT + ["fields"], shell=True)),
+                    r"^Verdicts.verdicts\[0\]: unknown field 'shell'$"),
+    "missing field": (edited(VERDICTS, lambda tree: at(tree, VERDICT + ["fields"]).pop("token")),
+                      r"^Verdicts.verdicts\[0\]: missing field 'token'$"),
     "bad JSON": (b'{"type": "Stop", "fields"', r"^not UTF-8 JSON \(Expecting ':' delimiter"),
     "not UTF-8": (b'\xff{"type": "Stop"}', "^not UTF-8 JSON"),
     "deeply nested": (b"[" * 100_000, "^values nested too deeply$"),
     "nested within json's limit": (edited(MESSAGES[0], update(["fields"], cores=json.loads("[" * 900 + "]" * 900))),
                                    "^values nested too deeply$"),
     "not a record": (b"[1, 2]", "^the message is a list, not a record$"),
-    "untagged object": (edited(OUTCOME, update(["fields"], done={"0": True})),
-                        r"^Outcome.done: an object .* is no tagged value$"),
-    "a str where an int goes": (edited(OUTCOME, update(VERDICT + ["fields"], accepted="3")),
-                                r"^Outcome.verdicts\[0\].accepted: expected int, got '3'$"),
-    "a bool where an int goes": (edited(OUTCOME, update(VERDICT + ["fields"], token=True)),
-                                 r"^Outcome.verdicts\[0\].token: expected int, got True$"),
-    "a Stop where a Verdict goes": (edited(OUTCOME, update(VERDICT, type="Stop", fields={})),
-                                    r"^Outcome.verdicts: expected dict\[int, Verdict\], got \{0: Stop\(\)"),
-    "a str key where an int goes": (edited(OUTCOME, lambda tree: at(tree, ROOMS)[0].__setitem__(0, "0")),
-                                    r"^Outcome.rooms: expected dict\[int, int\]"),
-    "a repeated dict key": (edited(OUTCOME, lambda tree: at(tree, ROOMS).append([0, 1])),
-                            r"^Outcome.rooms: a dict entry \[0, 1\] is no \[int or str key, value\] pair of a new"),
+    "untagged object": (edited(VERDICTS, update(["fields"], done={"0": True})),
+                        r"^Verdicts.done: an object .* is no tagged value$"),
+    "a str where an int goes": (edited(VERDICTS, update(VERDICT + ["fields"], accepted="3")),
+                                r"^Verdicts.verdicts\[0\].accepted: expected int, got '3'$"),
+    "a bool where an int goes": (edited(VERDICTS, update(VERDICT + ["fields"], token=True)),
+                                 r"^Verdicts.verdicts\[0\].token: expected int, got True$"),
+    "a Stop where a Verdict goes": (edited(VERDICTS, update(VERDICT, type="Stop", fields={})),
+                                    r"^Verdicts.verdicts: expected dict\[int, Verdict\], got \{0: Stop\(\)"),
+    "a str key where an int goes": (edited(VERDICTS, lambda tree: at(tree, ROOMS)[0].__setitem__(0, "0")),
+                                    r"^Verdicts.rooms: expected dict\[int, int\]"),
+    "a repeated dict key": (edited(VERDICTS, lambda tree: at(tree, ROOMS).append([0, 1])),
+                            r"^Verdicts.rooms: a dict entry \[0, 1\] is no \[int or str key, value\] pair of a new"),
     "a tensor of a dtype not allowed": (edited(START, update(STATE, dtype="complex64")),
                                         r"^Start.generator_state: a tensor of dtype 'complex64' is not allowed"),
     "a tensor's bytes short of its shape": (edited(START, update(STATE, shape=[2**40, 2**40])),
@@ -240,7 +241,8 @@ def garble_nth_message(nth: int, setattr=setattr) -> None:
 
 
 def garbling_pair(nth: int) -> Pair:
-    """The tiny pair, for a drafter that garbles its nth message after loading it (1: Ready; 2: the first drafts)."""
+    """The tiny pair, for a drafter that garbles its nth message after loading it (1: Ready; 2: the first drafts; 3: its
+    clock; 4: the drafts of round 1)."""
     garble_nth_message(nth)
     return tiny_pair(**PAIR_ARGS)
 
@@ -257,7 +259,7 @@ def generate(pipeline):
 
 @pytest.mark.integration  # two real ranks
 def test_a_verifier_that_receives_garbage_ends_the_run_with_a_one_line_error():
-    pipeline = start(functools.partial(garbling_pair, 4))  # the drafts of round 2
+    pipeline = start(functools.partial(garbling_pair, 5))  # the drafts of round 2
     started = time.monotonic()
     with pytest.raises(PipelineError) as refused:
         generate(pipeline)
@@ -269,8 +271,8 @@ def test_a_verifier_that_receives_garbage_ends_the_run_with_a_one_line_error():
 @pytest.mark.integration  # two real ranks
 def test_a_drafter_that_receives_garbage_exits(monkeypatch):
     pipeline = start()
-    garble_nth_message(3, monkeypatch.setattr)  # Start, round 0's outcome, round 1's
+    garble_nth_message(3, monkeypatch.setattr)  # Start, round 0's verdicts, round 1's
     with pytest.raises(PipelineError, match="(?s)exited with code 1.*PipelineError: rank 1: a malformed message from "
-                                            "rank 0 while waiting for the outcomes of round 1: unknown type 'X'"):
+                                            "rank 0 while waiting for the verdicts of round 1: unknown type 'X'"):
         generate(pipeline)
     assert pipeline.closed and pipeline.process.exitcode == 1

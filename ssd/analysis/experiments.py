@@ -14,7 +14,7 @@ from ..checks import check_strategy, parse_variant
 from ..models.loading import load_pair
 from ..bench.profile import cached_profile
 from ..bench.prompts import encode
-from ..core.outcomes import Calibrator, allocate
+from ..core.fan_out import Calibrator, allocate
 from ..core.speculation import SSDConfig
 from ..bench.frames import final_rounds, rounds_frame
 from ..core.tuning import Autotune

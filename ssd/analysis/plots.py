@@ -15,7 +15,7 @@ import seaborn as sns
 
 from ..bench.stats import MIN_CI_N
 from .experiments import fitted_a_p
-from ..core.outcomes import fit_miss_rate, miss_rates, outcome_probabilities
+from ..core.fan_out import fit_miss_rate, miss_rates, outcome_probabilities
 from ..core.theory import expected_tokens
 from .style import (check_frame, ci_label, colours, dodge, error_bars, errorbar, format_value, legend_outside,
                     method_colours, ordered, styled, summarise)

@@ -9,7 +9,7 @@ from typing import Callable
 import pandas as pd
 
 from ..core.latencies import Profile
-from ..core.outcomes import MissModel, PowerLaw
+from ..core.fan_out import MissModel, PowerLaw
 from ..core.trace import Round, Trace
 from ..core.tuning import BUDGETS, SD_KS, SSD_KS, sd_tokens_per_s, ssd_scores
 from ..core.verify import target_token_role

@@ -221,7 +221,7 @@ class Verifier:
         """The draft length of the row's next round at draft length K."""
         return min(k, self.room(row))
 
-    def check(self, drafts: dict[int, Draft], u_verify: dict[int, torch.Tensor]) -> dict[int, Checked]:
+    def verify(self, drafts: dict[int, Draft], u_verify: dict[int, torch.Tensor]) -> dict[int, Checked]:
         """Verify every row's draft in one target pass and commit what each emits. u_verify[row]: [k + 1] uniforms."""
         logits = self.target.logits({row: self.tokens[row] + d.tokens for row, d in drafts.items()},
                                     keep={row: len(d.tokens) + 1 for row, d in drafts.items()})  # {row: [k + 1, V]}
@@ -264,7 +264,7 @@ def generate_sd(pair, prompts, config: DecodeConfig, generator: torch.Generator,
             with clock("draft_s"):
                 drafts = proposer.propose(ks, {row: uniforms(k, generator) for row, k in ks.items()})
             with clock("verify_s"):
-                checked = verifier.check(drafts, {row: uniforms(k + 1, generator) for row, k in ks.items()})
+                checked = verifier.verify(drafts, {row: uniforms(k + 1, generator) for row, k in ks.items()})
             seconds = clock.take()
             for row, c in checked.items():
                 proposer.observe(row, drafts[row], c.verdict)

@@ -5,17 +5,17 @@
       (+ q rows if T > 0)
     pre-speculate round r + 1 for every
       predicted outcome of every row (one tree)
-                                                 <----     Outcome: each row's verdict (k, t*), done, room
+                                                 <----     Verdicts: each row's outcome (k, t*), done, room
     follow: observe; a hit takes a row's draft r + 1
       from its cache, the rows that missed are drafted
       by the backup together
     DraftMessage r + 1 (+ round r's Reports)      ---->    record round r
 
-``draft_rounds`` is the drafter's loop over a link to the verifier. Single-process SSD (``generate_ssd``) links the two
-sides with ``InProcess``: each message runs the verifier's step at once, so the phases run one after the other
-(pre-speculation, verify, then the lookups and backup) and Theorem 7 says what overlapping them would give. The
-pipeline (``ssd.pipeline.protocol``) carries the same messages between two ranks, where pre-speculation overlaps
-verify.
+``verify_rounds`` is the round as the verifier runs it, in three steps, over a speculator: ``InProcess`` (the drafter
+beside it: single-process SSD, ``generate_ssd``, where the phases run one after the other, pre-speculation, verify,
+then the lookups and backup, and Theorem 7 says what overlapping them would give) or the pipeline's ``Remote``
+(``ssd.pipeline.protocol``: the drafter on another rank, behind a channel that carries the same messages, where
+pre-speculation overlaps verify).
 
 Randomness: every uniform of a run is drawn by one ``Draws`` over the caller's generator, in one order: the first
 drafts' K per row before round 0, then each round, row by row, the K for the row's next draft and draft_len + 1 to
@@ -24,6 +24,7 @@ over the same generator state, and each takes its share of the same draws.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -99,8 +100,7 @@ class DraftMessage:
     """Drafter -> verifier: a round's drafts, by row (their q rows travel beside, stacked in row order, at
     temperature > 0), with the reports of the round before (None for the first). drawn: by row, the K of the next
     round's draft uniforms (with k="auto" only the drafter's tuners know them), whose share of the draws the
-    verifier skips; first_drawn (round 0 only): the first drafts' K by row. clock (the pipeline's first message
-    only): the drafter's clock when the Start arrived and when this left, for clock_offset."""
+    verifier skips; first_drawn (round 0 only): the first drafts' K by row."""
 
     round: int
     tokens: dict[int, list[int]]
@@ -110,11 +110,10 @@ class DraftMessage:
     r: dict[int, float]
     previous: dict[int, Report] | None = None
     first_drawn: dict[int, int] = field(default_factory=dict)
-    clock: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Outcome:
+class Verdicts:
     """Verifier -> drafter: by row, the verdict of its round, whether it is done, and how many tokens its next round
     may draft."""
 
@@ -139,11 +138,10 @@ class DrafterSide:
         self.drafts: dict[int, Draft] = {}  # the drafts of the round in hand, by live row
         self.first_drawn: dict[int, int] = {}  # by row: K of the first drafts
         # What the round in hand needs of the drafter, by row (``_plan``): the K of the row's next draft, that
-        # draft's uniforms, the a_p and r of its fan-out; and whether its pre-speculation is done
+        # draft's uniforms, the a_p and r of its fan-out
         self.k_next: dict[int, int] = {}
         self.u_draft: dict[int, torch.Tensor] = {}
         self.estimates: dict[int, tuple[float, float]] = {}
-        self.prespeculated = False
 
     def start(self, prompts: list[list[int]], rooms: dict[int, int]) -> None:
         """Feed the draft its prompts and draft round 0; rooms[row]: the most tokens it may draft.
@@ -159,13 +157,12 @@ class DrafterSide:
 
     def _plan(self) -> None:
         """What the round in hand needs from the drafter: each row's next K, the draft uniforms of that next round
-        (its share of the row's pair) and the a_p and r its fan-out uses; pre-speculation is still to come."""
+        (its share of the row's pair) and the a_p and r its fan-out uses."""
         spec = self.speculator
         self.k_next = {row: spec.k(row) for row in self.live}
         lens = {row: len(self.drafts[row].tokens) for row in self.live}
         self.u_draft, _ = self.draws.round(self.round, self.k_next, lens)
         self.estimates = {row: spec.estimates(row) for row in self.live}
-        self.prespeculated = False
 
     def message(self, previous: dict[int, Report] | None) -> tuple[DraftMessage, torch.Tensor | None]:
         """The round's drafts for the verifier, with the reports of the round before, and their stacked q rows
@@ -180,22 +177,19 @@ class DrafterSide:
         return message, q
 
     def prespeculate(self) -> None:
-        """Fill every live row's cache with the next round's draft for each predicted outcome of the round in hand;
-        once a round (a drafter on shared cores pre-speculates round 0 early: ``ssd.pipeline.protocol``)."""
-        if not self.prespeculated:
-            with self.clock("prespec_s"):
-                self.speculator.prespeculate(self.u_draft)
-            self.prespeculated = True
+        """Fill every live row's cache with the next round's draft for each predicted outcome of the round in hand."""
+        with self.clock("prespec_s"):
+            self.speculator.prespeculate(self.u_draft)
 
-    def follow(self, outcome: Outcome) -> dict[int, Report]:
+    def follow(self, verdicts: Verdicts) -> dict[int, Report]:
         """Commit each row's outcome and look it up; draft the next round of the rows that go on (a hit from the
         cache, the misses by the backup together). Returns the round's reports, by row."""
         spec, live = self.speculator, self.live
         with self.clock("draft_s"):
             for row in live:
-                spec.observe(row, self.drafts[row], outcome.verdicts[row])
-            going = [row for row in live if not outcome.done[row]]
-            following = spec.propose({row: outcome.rooms[row] for row in going},
+                spec.observe(row, self.drafts[row], verdicts.verdicts[row])
+            going = [row for row in live if not verdicts.done[row]]
+            following = spec.propose({row: verdicts.rooms[row] for row in going},
                                      {row: self.u_draft[row] for row in going})
         spans = self.clock.spans_of(self.round) + (self.clock.spans_of(None) if self.round == 0 else ())
         seconds = self.clock.take()
@@ -203,23 +197,12 @@ class DrafterSide:
                                hit=spec.last_lookup(row).hit, rank=spec.last_lookup(row).rank,
                                backup=backup_used(following.get(row)), spans=spans) for row in live}
         for row in live:
-            if outcome.done[row]:
+            if verdicts.done[row]:
                 spec.retire(row)
         self.drafts, self.live, self.round = following, going, self.round + 1
         if going:
             self._plan()
         return reports
-
-
-def draft_rounds(drafter: DrafterSide, link) -> None:
-    """The drafter's side of one generate call, from its first drafts (``DrafterSide.start``) until every row is
-    done. link: the way to the verifier: send(message, q), outcome() -> Outcome, last(reports)."""
-    reports = None
-    while drafter.live:
-        link.send(*drafter.message(reports))
-        drafter.prespeculate()  # meanwhile the verifier verifies (in one process: the verifier waits for it)
-        reports = drafter.follow(link.outcome())
-    link.last(reports)
 
 
 def backup_used(following: Draft | None) -> str | None:
@@ -231,18 +214,19 @@ def backup_used(following: Draft | None) -> str | None:
 
 
 class VerifierSide:
-    """A Verifier (``ssd.core.decoding``) driven round by round: check each DraftMessage, answer its Outcome, and
+    """A Verifier (``ssd.core.decoding``) driven round by round: verify each DraftMessage, answer its Verdicts, and
     record the round in each row's trace once the drafter's reports are in. Times go to the call's clock, the
-    drafter's spans with them; each round is recorded as `kind` (SSDRound; the pipeline's adds the wait)."""
+    drafter's spans with them; each round is recorded as a `record` (SSDRound; the pipeline's PipelineRound adds the
+    wait)."""
 
     def __init__(self, verifier: Verifier, draws: Draws, traces: list[Trace], clock, vocab_size: int,
-                 kind: type[SSDRound] = SSDRound):
+                 record: type[SSDRound] = SSDRound):
         self.verifier, self.draws, self.traces, self.clock = verifier, draws, traces, clock
-        self.vocab_size, self.kind = vocab_size, kind
+        self.vocab_size, self.record_type = vocab_size, record
         self.round = 0
         self.checked: tuple[DraftMessage, list[int], dict[int, Checked]] | None = None  # the round awaiting reports
 
-    def check(self, message: DraftMessage, q: torch.Tensor | None) -> Outcome:
+    def verify(self, message: DraftMessage, q: torch.Tensor | None) -> Verdicts:
         """Verify the round's drafts (q: their stacked rows, or None at temperature 0) and commit what they emit."""
         verifier, live = self.verifier, list(self.verifier.live)
         if message.round != self.round:
@@ -252,9 +236,9 @@ class VerifierSide:
         _, u_verify = self.draws.round(self.round, message.drawn, {row: len(message.tokens[row]) for row in live})
         drafts = received_drafts(message, q, live, self.vocab_size, verifier.target.device)
         with self.clock("verify_s"):
-            checked = verifier.check(drafts, u_verify)
+            checked = verifier.verify(drafts, u_verify)
         self.checked = message, live, checked
-        return Outcome(verdicts={row: c.verdict for row, c in checked.items()},
+        return Verdicts(verdicts={row: c.verdict for row, c in checked.items()},
                        done={row: c.done for row, c in checked.items()},
                        rooms={row: verifier.room(row) for row in live})
 
@@ -267,18 +251,18 @@ class VerifierSide:
         # Only the rows that go on wait for a draft: a finishing row's lookup is moot (trace.final_rounds)
         all_hit = all(reports[row].hit for row in live if not checked[row].done)
         for row in live:
-            self.traces[row].rounds.append(round_record(self.kind, checked[row], message, row, reports[row], all_hit,
-                                                        seconds))
+            record = round_record(self.record_type, checked[row], message, row, reports[row], all_hit, seconds)
+            self.traces[row].rounds.append(record)
         self.round += 1
 
 
-def round_record(kind: type[SSDRound], checked: Checked, message: DraftMessage, row: int, report: Report,
+def round_record(record: type[SSDRound], checked: Checked, message: DraftMessage, row: int, report: Report,
                  all_hit: bool, seconds: dict[str, float]) -> SSDRound:
     """The trace's record of one row's round: the verdict, what the drafts were made with (message), what the drafter
     did (report), and the verifier's times (seconds: verify_s, and the pipeline's wait_s). all_hit: every row of the
     batch that goes on hit this round."""
     v, fan_out = checked.verdict, message.fan_out[row]
-    return kind(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
+    return record(draft_len=v.draft_len, accepted=v.accepted, token=v.token, new_tokens=len(checked.emitted),
                 draft_s=report.draft_s, prespec_s=report.prespec_s, hit=report.hit, rank=report.rank, fan_out=fan_out,
                 budget=sum(fan_out), a_p=message.a_p[row], r=message.r[row], backup=report.backup, all_hit=all_hit,
                 **seconds)
@@ -300,20 +284,33 @@ def received_drafts(message: DraftMessage, q: torch.Tensor | None, live: list[in
 
 
 class InProcess:
-    """The drafter's link to a verifier in the same process (single-process SSD): the drafts of round r + 1 bring
-    round r's reports, which records round r; asking for the outcome verifies the drafts now."""
+    """The speculator beside the verifier (single-process SSD): its drafter side, driven by ``verify_rounds``. It
+    pre-speculates before the verify pass (one process: the verifier waits for it), and answers the verdicts at once."""
 
-    def __init__(self, verifier: VerifierSide):
-        self.verifier = verifier
-        self.sent: tuple[DraftMessage, torch.Tensor | None] | None = None
+    offset_s = 0.0  # the drafter's clock minus the verifier's: the same clock
 
-    def send(self, message: DraftMessage, q: torch.Tensor | None) -> None:
-        if message.previous is not None:
-            self.verifier.record(message.previous)
-        self.sent = message, q
+    def __init__(self, drafter: DrafterSide):
+        self.drafter = drafter
 
-    def outcome(self) -> Outcome:
-        return self.verifier.check(*self.sent)
+    def drafts(self) -> tuple[DraftMessage, torch.Tensor | None]:
+        return self.drafter.message(None)
 
-    def last(self, reports: dict[int, Report]) -> None:
-        self.verifier.record(reports)
+    @contextlib.contextmanager
+    def meanwhile(self):
+        self.drafter.prespeculate()
+        yield
+
+    def follow(self, verdicts: Verdicts) -> dict[int, Report]:
+        return self.drafter.follow(verdicts)
+
+
+def verify_rounds(verifier: VerifierSide, speculator) -> None:
+    """SSD's rounds as the verifier runs them, until every row is done, over a speculator (``InProcess``, or the
+    pipeline's ``Remote``): drafts() gives a round's drafts, meanwhile() pre-speculates while they are verified,
+    follow(verdicts) looks each row's outcome up and drafts the next round, returning what it did (the Reports)."""
+    while verifier.verifier.live:
+        message, q = speculator.drafts()  # 1. the drafts of this round (from the cache after a hit)
+        with speculator.meanwhile():  # 2. verified, while the next round is pre-speculated for every outcome
+            verdicts = verifier.verify(message, q)
+        reports = speculator.follow(verdicts)  # 3. each outcome looked up, learnt from, and the next round drafted
+        verifier.record(reports, speculator.offset_s)

@@ -9,7 +9,7 @@ skipped. A miss calls a backup: ``jit`` (the draft model drafts now, as SD does)
 from the context, verified as q = one-hot, so it stays lossless) or ``auto``: each round the one the tuner predicts
 faster at the batch size (``ssd.core.tuning``), from the profile, the hit rate and the tokens each backup's round would
 give. What a fast round would give is scored at every miss, whichever backup drafted it: the n-gram proposal there
-against the tokens the target went on to produce (``Speculation.note_miss``).
+against the tokens the target went on to produce (``SequenceState.note_miss``).
 
 Randomness: each round draws the same uniforms whatever happens (K for drafting the next round, K + 1 for verify;
 ``ssd.core.round.Draws``).
@@ -28,9 +28,9 @@ from .cache import SpeculationCache
 from .cached_model import CachedModel
 from .decoding import DecodeConfig, Verifier, batch_traces, batchable, check_prompts
 from ..checks import check_at_least, check_ssd, is_auto
-from .outcomes import Calibrator, allocate, candidates, rank_of
+from .fan_out import Calibrator, allocate, candidates, rank_of
 from .proposers import Draft, DraftModelProposer, NgramProposer, Proposer, matched_prefix
-from .round import DrafterSide, Draws, InProcess, VerifierSide, draft_rounds
+from .round import DrafterSide, Draws, InProcess, VerifierSide, verify_rounds
 from .trace import Unclocked
 from .tuning import SSD_KS, Autotune, on_auto, ssd_tuner, tuned_latencies
 from .tree import draft_tree, saguaro_q
@@ -119,7 +119,7 @@ class Lookup:
     rank: int | None  # rank of t* among the candidates at position k; None where nothing was ranked
 
 
-class Speculation:
+class SequenceState:
     """One sequence's share of SSD: its speculation cache, its estimates (calibrator) and tuner, and its round in
     flight. At batch b each row keeps its own; only the draft model's forwards are shared, and on auto the estimates
     carried over answers (``Speculator._estimates``) and the latencies the tuner prices its choices on."""
@@ -222,7 +222,7 @@ class Speculator(Proposer):
         self.drafter = SaguaroDrafter(draft_model, prompts, config)
         ngram = NgramProposer(prompts, vocab_size, config.ngram, device=self.drafter.model.device)
         self.backups = {"jit": self.drafter, "fast": ngram}
-        self.sequences = [Speculation(config, *self._estimates(autotune), latencies) for _ in prompts]
+        self.sequences = [SequenceState(config, *self._estimates(autotune), latencies) for _ in prompts]
 
     def _estimates(self, autotune: Autotune | None) -> tuple[Calibrator | None, Calibrator | None]:
         """(the fan-out's estimates, the tuner's where they are others). On auto the tuner reads the estimates the
@@ -325,5 +325,5 @@ def generate_ssd(pair, prompts, config: SSDConfig, generator: torch.Generator, a
     # of their own before the first drafts, as the pipeline's drafter makes them.
     with clock.whole(*traces):
         drafter.start(prompts, {row: verifier.room(row) for row in verifier.live})
-        draft_rounds(drafter, InProcess(VerifierSide(verifier, draws, traces, clock, pair.vocab_size)))
+        verify_rounds(VerifierSide(verifier, draws, traces, clock, pair.vocab_size), InProcess(drafter))
     return verifier.new, traces

@@ -9,7 +9,7 @@ step over n new tokens (the draft's logits after them).
   E = (1 - a^(K+1)) / (1 - a) tokens: K maximises E / (K draft_at(1) + target_at(K + 1)).
 - SSD (Theorem 7, in the form of this kit's pipeline: ``ssd.core.theory.pipelined_speedup``): the hit rate a budget B
   buys follows from the outcome probabilities P(k) at acceptance rate a_p, the fan-out F_0..F_K a strategy gives B,
-  and the miss rate at each kind of position (``ssd.core.outcomes.MissModel``); pre-speculation costs a glue step over
+  and the miss rate at each kind of position (``ssd.core.fan_out.MissModel``); pre-speculation costs a glue step over
   the K + 1 tokens a hit leaves unfed and K tree depths over B rows, a jit backup K one-token steps.
 
 - SSD's backup (``--backup auto``): the jit one or the fast one, whichever Theorem 7 at the latencies' batch size b
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..checks import is_auto
-from .outcomes import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
+from .fan_out import Calibrator, MissModel, PowerLaw, allocate, marginal_fan_out, outcome_probabilities, position_kind
 from .theory import all_hit_rate, batch_size, expected_tokens, theorem7_from_profile
 
 SD_KS = (1, 2, 3, 4, 5, 6, 7, 8)

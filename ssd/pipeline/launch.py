@@ -48,7 +48,7 @@ from ..models.devices import drafter_device, resolve_device
 from ..models.forwards import check_forward, compile_forward, forward_of
 from ..models.loading import check_pair_name, load_draft
 from ..models.precision import convert, precision_of
-from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_rounds
+from .protocol import WIRE_TYPES, Ready, Stop, serve, verify_call
 from ..core.speculation import SSDConfig, check_ssd_config
 from ..clock import Stopwatch
 from .transport import POLL_S, PipelineError, check_seconds, env_rank, env_store, init_group
@@ -275,15 +275,15 @@ class Pipeline:
         prompts = check_prompts(self.pair, prompts, config)
         latencies = tuned_latencies(autotune, len(prompts)) if on_auto(config) else None
         verifier = Verifier(self.pair.target, prompts, config, self.pair.eos_token_ids)
-        traces, watch = batch_traces("ssd-pipeline", prompts), Stopwatch()
-        with self._end_both_on_error(), pinned(self.verifier_cores), watch.whole(*traces):
+        traces, clock = batch_traces("ssd-pipeline", prompts), Stopwatch()
+        with self._end_both_on_error(), pinned(self.verifier_cores), clock.whole(*traces):
             # The target's prompts go in with round 0's verify pass (one forward fewer, as in SD). On one machine the
             # two ranks take both their cores in turn for their first work: the drafter's prompts' pass, first drafts
             # and round 0's pre-speculation, then that verify pass (run side by side, each on its own core, the long
             # prompt passes slowed each other more than taking turns costs).
-            verify_rounds(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
-                          watch, same_host=self.drafter.host == socket.gethostname(),
-                          first_cores=self.first_cores, latencies=latencies)
+            verify_call(self.channel, verifier, config, generator, self.pair.vocab_size, self.timeout_s, traces,
+                        clock, same_host=self.drafter.host == socket.gethostname(),
+                        first_cores=self.first_cores, latencies=latencies)
         return (verifier.new[0], traces[0]) if single else (verifier.new, traces)
 
     @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """The pipeline's protocol: the messages the two ranks exchange, and how each rank runs one generate call.
 
-The round itself is ``ssd.core.round``'s (its docstring draws the exchange), the one single-process SSD runs: rank 1
-runs its drafter's side (``draft_rounds`` over ``ToVerifier``, the channel to rank 0), rank 0 its verifier's side
-(``verify_rounds``), and this module only carries their messages, plus its own: Ready (rank 1 has loaded the draft),
+The round itself is ``ssd.core.round``'s (its docstring draws the exchange), the one single-process SSD runs: rank 0
+runs ``verify_rounds`` over ``Remote`` (the speculator behind the channel), rank 1 its drafter's side, ``draft_rounds``,
+which answers it; this module only carries their messages, plus its own: Ready (rank 1 has loaded the draft),
 Start (rank 0 opens a generate call: prompts, config, the generator's state), LastReports (the drafter's reports on
 the last round, where no drafts follow) and Stop.
 
@@ -27,7 +27,7 @@ import torch
 from ..clock import Span, Stopwatch
 from ..core.decoding import Verifier
 from ..core.latencies import Profile
-from ..core.round import DraftMessage, DrafterSide, Draws, Outcome, Report, VerifierSide, draft_rounds
+from ..core.round import DraftMessage, DrafterSide, Draws, Verdicts, Report, VerifierSide, verify_rounds
 from ..core.speculation import SSDConfig, Speculator
 from ..core.trace import SSDRound, Trace
 from ..core.tuning import Autotune
@@ -83,6 +83,15 @@ class Start:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DrafterClock:
+    """Rank 1 -> 0, once a call, right after round 0's drafts: this rank's clock (time.perf_counter) when the Start
+    arrived and when those drafts left, for clock_offset."""
+
+    received_s: float
+    sent_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class LastReports:
     """Rank 1 -> 0: the reports of the last round, once every row is done."""
 
@@ -127,30 +136,27 @@ def speculate(channel: Channel, draft_model, start: Start, received_s: float, au
         with drafter.clock.before_rounds("draft_s"):  # sent with round 0's report
             drafter.start(start.prompts, dict(enumerate(start.rooms)))
         if early:
-            drafter.prespeculate()  # the round's pre-speculation, done: draft_rounds does not repeat it
-    draft_rounds(drafter, ToVerifier(channel, start.timeout_s, received_s))
+            drafter.prespeculate()  # round 0's pre-speculation, done: draft_rounds does not repeat it
+    draft_rounds(drafter, channel, start.timeout_s, received_s, prespeculated=early)
 
 
-class ToVerifier:
-    """Rank 1's link to the verifier (``ssd.core.round.draft_rounds``'s link): the channel to rank 0. The first
-    drafts carry this rank's clock for clock_offset."""
-
-    def __init__(self, channel: Channel, timeout_s: float, received_s: float):
-        self.channel, self.timeout_s, self.received_s = channel, timeout_s, received_s
-        self.round = 0
-
-    def send(self, message: DraftMessage, q: torch.Tensor | None) -> None:
-        self.round = message.round
+def draft_rounds(drafter: DrafterSide, channel: Channel, timeout_s: float, received_s: float,
+                 prespeculated: bool = False) -> None:
+    """Rank 1's rounds, from its first drafts (``DrafterSide.start``) until every row is done: send a round's drafts
+    (with the reports on the round before; round 0's followed by this rank's clock, for clock_offset), pre-speculate
+    while rank 0 verifies them (round 0's unless done already: prespeculated), then follow its verdicts."""
+    reports = None
+    while drafter.live:
+        message, q = drafter.message(reports)
+        channel.send(message, q, timeout_s=timeout_s, doing=f"sending the drafts of round {message.round}")
         if message.round == 0:
-            message = dataclasses.replace(message, clock=(self.received_s, time.perf_counter()))
-        self.channel.send(message, q, timeout_s=self.timeout_s, doing=f"sending the drafts of round {self.round}")
-
-    def outcome(self) -> Outcome:
-        doing = f"waiting for the outcomes of round {self.round}"
-        return self.channel.recv(Outcome, timeout_s=self.timeout_s, doing=doing)[0]
-
-    def last(self, reports: dict[int, Report]) -> None:
-        self.channel.send(LastReports(previous=reports), timeout_s=self.timeout_s, doing="sending the last reports")
+            clock = DrafterClock(received_s=received_s, sent_s=time.perf_counter())
+            channel.send(clock, timeout_s=timeout_s, doing="sending the drafter's clock")
+        if message.round or not prespeculated:
+            drafter.prespeculate()
+        doing = f"waiting for the verdicts of round {message.round}"
+        reports = drafter.follow(channel.recv(Verdicts, timeout_s=timeout_s, doing=doing)[0])
+    channel.send(LastReports(previous=reports), timeout_s=timeout_s, doing="sending the last reports")
 
 
 def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s: float) -> float:
@@ -163,31 +169,52 @@ def clock_offset(sent_s: float, received_s: float, replied_s: float, answered_s:
 # ---- rank 0: the verifier ------------------------------------------------------------------------------------------
 
 
-def verify_rounds(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
-                  vocab_size: int, timeout_s: float, traces: list[Trace], watch: Stopwatch, same_host: bool,
-                  first_cores: tuple[int, ...] = (), latencies: Profile | None = None) -> None:
-    """Rank 0's side of one generate call: start the drafter, then run ssd.core.round's verifier side on the drafts it
-    sends until every row is done, recording each row's rounds in its trace and both ranks' spans in the call's
-    stopwatch (same_host: the drafter reads this host's clock). Round 0's verify pass also feeds the target its
-    prompts; it runs on first_cores where they are given (Start's: this rank's and the drafter's, which waits for its
-    outcome). latencies: on auto, what the drafter's tuners price their choices on."""
+def verify_call(channel: Channel, verifier: Verifier, config: SSDConfig, generator: torch.Generator,
+                vocab_size: int, timeout_s: float, traces: list[Trace], clock: Stopwatch, same_host: bool,
+                first_cores: tuple[int, ...] = (), latencies: Profile | None = None) -> None:
+    """Rank 0's side of one generate call: start the drafter, then run ``ssd.core.round.verify_rounds`` over it
+    until every row is done, recording each row's rounds in its trace and both ranks' spans on the call's clock
+    (same_host: the drafter reads this host's clock). Round 0's verify pass also feeds the target its prompts; it
+    runs on first_cores where they are given (Start's: this rank's and the drafter's, which waits for its outcome).
+    latencies: on auto, what the drafter's tuners price their choices on."""
     start = Start(prompts=verifier.tokens, config=ssd_settings(config), generator_state=generator.get_state(),
                   rooms=[verifier.room(row) for row in verifier.live], vocab_size=vocab_size, timeout_s=timeout_s,
                   sent_s=time.perf_counter(), first_cores=tuple(first_cores), latencies=latencies)
     channel.send(start, timeout_s=timeout_s, doing="sending the prompts")
-    message, q = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
-    offset_s = 0.0 if same_host else clock_offset(start.sent_s, *message.clock, time.perf_counter())
-    side = VerifierSide(verifier, Draws(generator), traces, watch, vocab_size, kind=PipelineRound)
-    while verifier.live:
-        i = side.round
-        with pinned(list(first_cores)) if i == 0 and first_cores else contextlib.nullcontext():
-            outcome = side.check(message, q)
-        with watch("wait_s"):  # idle until the next drafts: max(0, prespec - verify) after hits, more after a miss
-            channel.send(outcome, timeout_s=timeout_s, doing=f"sending the outcomes of round {i}")
-            last = not verifier.live
-            doing = "waiting for the last reports" if last else f"waiting for the drafts of round {i + 1}"
-            message, q = channel.recv(LastReports if last else DraftMessage, timeout_s=timeout_s, doing=doing)
-        side.record(message.previous, offset_s)  # what the drafter did while and after round i was verified
+    first = channel.recv(DraftMessage, timeout_s=timeout_s, doing="waiting for the first drafts")
+    answered_s = time.perf_counter()
+    drafter = channel.recv(DrafterClock, timeout_s=timeout_s, doing="waiting for the drafter's clock")[0]
+    offset_s = 0.0 if same_host else clock_offset(start.sent_s, drafter.received_s, drafter.sent_s, answered_s)
+    side = VerifierSide(verifier, Draws(generator), traces, clock, vocab_size, record=PipelineRound)
+    verify_rounds(side, Remote(channel, first, timeout_s, clock, offset_s, first_cores))
+
+
+class Remote:
+    """The speculator on rank 1, as rank 0's ``verify_rounds`` drives it: its drafts arrive on the channel (each
+    round's with the reports on the round before), it pre-speculates on its own while rank 0 verifies, and it answers
+    the verdicts with the next drafts. The verifier's idle time until they arrive is the round's wait_s."""
+
+    def __init__(self, channel: Channel, first: tuple[DraftMessage, torch.Tensor | None], timeout_s: float,
+                 clock: Stopwatch, offset_s: float, first_cores: tuple[int, ...]):
+        self.channel, self.next, self.timeout_s, self.clock = channel, first, timeout_s, clock
+        self.offset_s, self.first_cores = offset_s, first_cores
+        self.round = 0
+
+    def drafts(self) -> tuple[DraftMessage, torch.Tensor | None]:
+        return self.next
+
+    def meanwhile(self):
+        """Round 0 on the first cores where given (the drafter waits for its outcome then), later rounds as pinned."""
+        return pinned(list(self.first_cores)) if self.round == 0 and self.first_cores else contextlib.nullcontext()
+
+    def follow(self, verdicts: Verdicts) -> dict[int, Report]:
+        last = all(verdicts.done.values())
+        with self.clock("wait_s"):  # idle until the next drafts: max(0, prespec - verify) after hits, more after a miss
+            self.channel.send(verdicts, timeout_s=self.timeout_s, doing=f"sending the verdicts of round {self.round}")
+            doing = "waiting for the last reports" if last else f"waiting for the drafts of round {self.round + 1}"
+            self.next = self.channel.recv(LastReports if last else DraftMessage, timeout_s=self.timeout_s, doing=doing)
+        self.round += 1
+        return self.next[0].previous  # what the drafter did while and after the round was verified
 
 
 def ssd_settings(config: SSDConfig) -> SSDConfig:
@@ -197,4 +224,5 @@ def ssd_settings(config: SSDConfig) -> SSDConfig:
 
 # Every dataclass that crosses, the messages and what they hold (Start's SSD settings and latency profile, the
 # Verdicts, the Reports' Spans): ssd.pipeline.wire builds no other.
-WIRE_TYPES = (Ready, Start, DraftMessage, Outcome, LastReports, Stop, Report, Verdict, Span, SSDConfig, Profile)
+WIRE_TYPES = (Ready, Start, DraftMessage, DrafterClock, Verdicts, LastReports, Stop, Report, Verdict, Span, SSDConfig,
+              Profile)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssd.core.outcomes import (
+from ssd.core.fan_out import (
     Calibrator,
     MissModel,
     PowerLaw,
