@@ -410,7 +410,7 @@ def test_the_rounds_a_tuner_learns_from_are_read_where_stored(tmp_path, pair):
     path.write_text("draft_len,accepted,rank,prompt_id\n4,4,1,p0\n4,2,,p0\n4,3,3,p1\n")
     rounds, line = experiments.rounds_to_learn_from(str(path), pair, [], SSDConfig())  # runs nothing: no prompts
     assert len(rounds) == 3 and line == f"{path}: 3 stored rounds of 2 prompts"
-    assert tuning.calibrator_from(rounds).tested == 4 + 3 + 4  # accepted, plus the rejected one where k < K
+    assert experiments.calibrator_from(rounds).tested == 4 + 3 + 4  # accepted, plus the rejected one where k < K
 
 
 def test_a_result_line_names_where_a_shown_bench_was_measured(pair):

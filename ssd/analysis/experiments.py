@@ -26,9 +26,18 @@ def ssd_rounds(pair, prompts, config: SSDConfig, seed: int = 0, progress: bool =
     return decode(pair, prompts, "ssd", config, seed, progress, autotune)[1]
 
 
+def calibrator_from(rounds, prior_a_p: float = 0.6, prior_r: float = 0.5) -> Calibrator:
+    """A Calibrator fed every round of trace frames (draft_len, accepted, rank where recorded): the a_p and miss rates
+    a run over those rounds would end with."""
+    calibrator = Calibrator(prior_a_p=prior_a_p, prior_r=prior_r)
+    for draft_len, accepted, rank in zip(rounds["draft_len"], rounds["accepted"], rounds["rank"]):
+        calibrator.update(int(accepted), int(draft_len), None if rank is None or rank != rank else int(rank))
+    return calibrator
+
+
 def rounds_to_learn_from(path: str, pair, prompts, config: SSDConfig, progress: bool = True
                          ) -> tuple[pd.DataFrame, str]:
-    """The SSD rounds a tuner's estimates (``ssd.core.tuning.calibrator_from``) are learnt from, and one line saying
+    """The SSD rounds a tuner's estimates (``calibrator_from``) are learnt from, and one line saying
     where they came from: those stored at `path` (the rounds CSV ``python -m ssd hit-rates`` wrote on the machine
     whose benches a notebook shows) where it exists, at no cost; else `config` run here on `prompts` (pass path "" to
     run here)."""

@@ -288,15 +288,3 @@ def _check_latencies(latencies) -> None:
     if latencies is None:
         raise ValueError("k, budget or backup is 'auto' but no latencies were given: pass the profile the choice is "
                          "priced on (ssd.core.tuning.Autotune.profile)")
-
-
-# ---- the surfaces a notebook draws ---------------------------------------------------------------------------------
-
-
-def calibrator_from(rounds, prior_a_p: float = 0.6, prior_r: float = 0.5) -> Calibrator:
-    """A Calibrator fed every round of trace frames (draft_len, accepted, rank where recorded): the a_p and miss rates
-    a run over those rounds would end with."""
-    calibrator = Calibrator(prior_a_p=prior_a_p, prior_r=prior_r)
-    for draft_len, accepted, rank in zip(rounds["draft_len"], rounds["accepted"], rounds["rank"]):
-        calibrator.update(int(accepted), int(draft_len), None if rank is None or rank != rank else int(rank))
-    return calibrator
