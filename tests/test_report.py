@@ -3,7 +3,9 @@ from data/; the rules that pick a figure's file; the arithmetic of its interval;
 a figure."""
 import json
 import os
+import re
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -20,8 +22,9 @@ FLOAT32 = {"target": "float32", "draft": "float32", "reason": "as asked: target 
 
 def bench(folder, name, rates: dict, precision=AUTO, date="2026-12-01T00:00:00+00:00", prompts="HumanEval", **args):
     """A bench JSON as `python -m ssd bench --json` writes it, with only what the report reads: rates maps a method
-    to its tokens/s per prompt."""
-    rows = [{"method": m, "prompt_id": f"{prompts}/{i}", "tokens_per_s": v, "batch_size": 1,
+    to its decode tokens/s per prompt (its whole call's: 0.8 of them)."""
+    rows = [{"method": m, "prompt_id": f"{prompts}/{i}", "decode_tokens_per_s": v, "tokens_per_s": 0.8 * v,
+             "batch_size": 1,
              "identical_to_target": True if m != "ar" else None}
             for m, values in rates.items() for i, v in enumerate(values)]
     result = {"args": {"pair": "qwen2.5-coder", "k": 4, "temperature": 0.0, "max_new_tokens": 48, "budget": 4,
@@ -61,16 +64,22 @@ def test_the_readmes_table_is_generated_and_short(pages):
     assert report_files.with_block(readme, block) == readme
 
 
-def test_a_ratio_is_the_mean_of_per_prompt_ratios_with_a_t_interval(tmp_path):
+def test_a_ratio_is_the_geometric_mean_of_per_answer_decode_ratios_with_a_t_interval_of_their_logs(tmp_path):
     bench(tmp_path / "m", "a.json", {"ar": [1.0, 2.0, 4.0, 5.0], "sd": [2.0, 3.0, 8.0, 5.0]})
     pg = report.page(str(tmp_path / "m"))
     sd = figure(pg, "sd/ar")
-    ratios = [2.0, 1.5, 2.0, 1.0]
-    mean = sum(ratios) / 4
-    half = stats.t.ppf(0.975, 3) * stats.tstd(ratios) / 2
-    assert sd.mean == pytest.approx(mean) and sd.low == pytest.approx(mean - half)
-    assert sd.cell == f"{mean:.2f}x [{mean - half:.2f}, {mean + half:.2f}]" and sd.source == "a.json"
-    assert sd.sample == "4 prompts"
+    logs = np.log([2.0, 1.5, 2.0, 1.0])
+    mean, half = logs.mean(), stats.t.ppf(0.975, 3) * stats.tstd(logs) / 2
+    low, high = np.exp(mean - half), np.exp(mean + half)
+    assert sd.mean == pytest.approx(np.exp(mean)) and sd.low == pytest.approx(low) and sd.high == pytest.approx(high)
+    assert sd.cell == f"{np.exp(mean):.2f}x [{low:.2f}, {high:.2f}]" and sd.source == "a.json"
+    assert sd.sample == "4 prompts" and sd.what == "SD over AR, by decode tokens/s"
+
+
+def test_every_ratio_rows_label_names_its_measure(pages):
+    for pg in pages:
+        for f in (f for figures in pg.figures.values() for f in figures if f.value.endswith("x")):
+            assert re.search(r", by [\w' -]*tokens/s", f.what), f.what
 
 
 def test_the_file_with_the_most_prompts_wins_then_the_one_made_for_the_comparison(tmp_path):
@@ -100,7 +109,8 @@ def test_a_figure_no_file_holds_renders_not_measured(tmp_path):
     assert {f.prompts for f in pg.figures[pg.precisions[0]]} == {"prose"}  # no HumanEval rows: none measured
     missing = figure(pg, "pipeline/sd-1core", "prose")
     assert missing.value == report.NOT_MEASURED and missing.source == "" and missing.mean is None
-    assert "| the pipeline over SD on one core (sd-1core) | prose | not measured | - | - |" in report.markdown(pg)
+    assert ("| the pipeline over SD on one core (sd-1core), by decode tokens/s | prose | not measured | - | - |"
+            in report.markdown(pg))
 
 
 def test_ours_over_transformers_is_the_geometric_mean(tmp_path):

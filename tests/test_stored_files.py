@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from ssd.analysis import stored_files, style
+from ssd.analysis import sources, stored_files, style
 from ssd.bench import machines
 from ssd.core.latencies import Profile
 
@@ -90,3 +90,19 @@ def test_profiles_line_names_each_machine_and_every_precision():
     assert two.count(" · ") == 2
     with pytest.raises(ValueError, match="at least one profile"):
         style.profiles_line({})
+
+
+def test_one_record_type_holds_a_stored_file_for_the_report_and_the_notebooks():
+    """A stored file is one kind of record wherever it is read (issue 57): no second Source-like class."""
+    import ast
+    import pathlib
+
+    import ssd
+
+    found = []
+    for path in pathlib.Path(ssd.__file__).parent.rglob("*.py"):
+        found += [f"{path.name}:{n.name}" for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.ClassDef) and "source" in n.name.lower()]
+    assert found == ["sources.py:Source"], found
+    data = str(pathlib.Path(ssd.__file__).parent.parent / "data")
+    assert isinstance(stored_files.stored(data, "intel-xeon-amx/saguaro.csv"), sources.Source)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..bench.stats import mean_ci, speedups
+from ..bench.stats import geometric_mean_ci, mean_ci, speedups
 from ..bench.summaries import against_peers
 from .batch_study import auto_over_fixed, break_even, by_batch_size, crossover
 from ..names import ENGINE_AR
@@ -25,9 +25,14 @@ from .sources import BENCH, CALLS, HIT_RATES, UNKNOWN, Source, read_folder
 NOT_MEASURED = "not measured"
 SETS = {"humaneval": "HumanEval", "prose": "prose"}
 PIPELINES = ("ssd-pipeline", "ssd-pipeline:auto")  # the pipeline as the command line runs it (backup on auto)
-NOTE = ("Ratios: mean over prompts of per-prompt ratios of tokens/s, run side by side (against transformers: the "
-        "geometric mean); [95% Student-t CI over prompts]. A break-even or crossover b is the first batch size "
-        "measured at which it holds (no interval); the backup on auto: its range over the b measured, one run each.")
+# The one convention of every ratio: per answer, run side by side, then the geometric mean over answers with its 95%
+# Student-t interval (of the mean log ratio). The measure is named in each row's label: decode tokens/s (after the
+# prompt's pass: the paper's measure) wherever both methods timed their prompt's pass, whole-call tokens/s against a
+# peer that did not (transformers' generate).
+MEASURES = {"decode_tokens_per_s": "decode tokens/s", "tokens_per_s": "whole-call tokens/s"}
+NOTE = ("Ratios: per answer, of the measure the row names, run side by side; the geometric mean over answers [95% "
+        "Student-t CI of the mean log ratio]. A break-even or crossover b is the first batch size measured at which it "
+        "holds (no interval); the backup on auto: its range over the b measured, one run each.")
 HIT_BUDGET = 4  # B of the hit-rate figure: the budget the pipeline's benches and the batch study run at
 
 
@@ -91,15 +96,20 @@ def at_b1(source: Source, prompts: str, precision) -> pd.DataFrame | None:
 
 # ---- the figures -------------------------------------------------------------------------------------------------
 
-def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple) -> Figure:
-    """Mean over prompts of a method's tokens/s over another's on the same prompt, run side by side (paired within a
-    run: a file, or a sweep point), with its Student-t 95% CI (``stats.speedups``, ``stats.mean_ci``)."""
+def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple,
+          measure: str = "decode_tokens_per_s") -> Figure:
+    """A method's decode tokens/s over another's on the same answer, run side by side (paired within a run: a file,
+    or a sweep point): the geometric mean over answers with its 95% CI (``stats.geometric_mean_ci``)."""
+    what = f"{what}, by {MEASURES[measure]}"
     candidates = []
     for s in sources:
         rows = at_b1(s, prompts, precision)
-        for a in over if rows is not None else ():
+        if rows is None or measure not in rows:
+            continue
+        for a in over:
             for b in (b for b in under if {a, b} <= set(rows["label"])):
-                pairs = speedups(rows[rows["label"].isin([a, b])].assign(method=rows["label"]), b, by="run")
+                both = rows[rows["label"].isin([a, b])].assign(method=rows["label"]).astype({measure: float})
+                pairs = speedups(both, b, by="run", value=measure)
                 pairs = pairs[pairs["method"] == a]
                 if len(pairs):
                     candidates.append(((pairs["prompt_id"].nunique(),), s, (a, b, pairs)))
@@ -107,14 +117,15 @@ def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple) -> 
     if best is None:
         return Figure(key, what, prompts)
     _, s, (a, b, pairs) = best
-    ci = mean_ci(pairs.assign(all=0), "all", "speedup").iloc[0]
+    ci = geometric_mean_ci(pairs["speedup"])
     setting = f"; {_pipeline_setting(s)}" if a.startswith("ssd") else ""
     return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts{setting}", a, "x")
 
 
 def peer(sources, prompts, precision, key, what, method: str, transformers: str) -> Figure:
     """Ours over transformers' method doing the same job, on the same answers: the geometric mean of the per-answer
-    ratios with its 95% CI (``summaries.against_peers``)."""
+    ratios of whole-call tokens/s with its 95% CI (``summaries.against_peers``)."""
+    what = f"{what}, by {MEASURES['tokens_per_s']}"
     candidates = []
     for s in sources:
         rows = at_b1(s, prompts, precision)
@@ -219,7 +230,7 @@ def batch_figures(sources, prompts, precision) -> list[Figure]:
                    lambda t: {_pipeline(t), "ar"}, lambda t: _break_even(t, _pipeline(t))),
             _batch(tables, prompts, "b/star", "the backups' crossover b* (fast reaches jit)",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
-            _batch(tables, prompts, "b/auto", "the backup on auto over the better fixed one (decode)",
+            _batch(tables, prompts, "b/auto", "the backup on auto over the better fixed one, by the batch's decode tokens/s",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
 
 
@@ -394,8 +405,8 @@ def markdown(pg: Page, figure_path: str | None = None, heading: str = "##", lead
 
 
 def plot(pg: Page, path: str) -> str:
-    """The page's ratios as horizontal bars with their 95% CIs, a line at 1, one colour per method; captioned with
-    the machine and precision; saved as a PNG at `path`."""
+    """The page's ratios as points with their 95% CIs on a log axis (ratios multiply: 2x and 0.5x lie as far from 1),
+    a line at 1, one colour per method; captioned with the machine and precision; saved as a PNG at `path`."""
     import matplotlib.pyplot as plt
 
     from . import style
@@ -405,14 +416,20 @@ def plot(pg: Page, path: str) -> str:
         raise ValueError(f"the page of {pg.machine} has no ratio to draw")
     colours = style.method_colours([f.method for f in shown])
     with style.styled():
-        fig, ax = plt.subplots(figsize=(7.0, 0.45 * len(shown) + 1.2))
+        fig, ax = plt.subplots(figsize=(10.0, 0.42 * len(shown) + 1.4))
         y = np.arange(len(shown))[::-1]
         for yi, f in zip(y, shown):
             err = None if f.low is None else [[f.mean - f.low], [f.high - f.mean]]
-            ax.barh(yi, f.mean, xerr=err, color=colours[f.method], capsize=3)
+            ax.errorbar(f.mean, yi, xerr=err, fmt="o", color=colours[f.method], capsize=3, markersize=6)
         ax.axvline(1.0, color="0.2", linewidth=1)
+        ax.set_xscale("log")
+        lows = [f.low or f.mean for f in shown] + [1.0]
+        highs = [f.high or f.mean for f in shown] + [1.0]
+        ticks = [2.0**e for e in range(-6, 7) if min(lows) / 1.5 <= 2.0**e <= max(highs) * 1.5]
+        ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_yticks(y, [f"{f.what}, {SETS[f.prompts]}" for f in shown], fontsize="small")
-        ax.set_xlabel("ratio of tokens/s, mean ± 95% CI over prompts"
+        ax.set_xlabel("ratio (log scale): geometric mean over answers, 95% CI"
                       + ("" if all(f.low is not None for f in shown) else " (no error bar: fewer than 3)"))
         target, draft = pg.precisions[0]
         fig.tight_layout()  # the axis label inside the figure, so that the caption below it clears it

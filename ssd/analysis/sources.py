@@ -1,7 +1,9 @@
-"""The results in one machine's folder, read into one shape for the report (``ssd.analysis.report``): every file that
-holds per-prompt rows (a bench JSON, the benches inside a ``make gpu-check`` record, a sweep CSV with a row per method
-and prompt), per-call tables of the batch-size study, and hit-rate sweeps; each with the precision, the settings,
-the date and the commit it was measured at.
+"""Stored results, read into one record, ``Source``: the file, its machine, the precision, the forward, the settings,
+the date and commit it was measured at, and its rows. The report (``ssd.analysis.report``) reads a machine's folder
+here: every file that holds per-prompt rows (a bench JSON, the benches inside a ``make gpu-check`` record, a sweep CSV
+with a row per method and prompt), per-call tables of the batch-size study, and hit-rate sweeps. A notebook reads one
+named table, its machine and precisions checked against data/index.csv (``ssd.analysis.stored_files``), as a Source
+too, whose ``line`` captions its figure.
 
 A file that does not record its precision (an early sweep CSV) is not read: a figure is only as good as the precision
 it names. Nothing here chooses between files; ``ssd.analysis.report`` does, by rules kept in one place.
@@ -12,15 +14,16 @@ import csv
 import glob
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
 from ..bench.machines import INDEX
 from ..checks import parse_variant
 from .batch_study import point_table
+from .style import setting_line
 
-BENCH, CALLS, HIT_RATES = "bench", "calls", "hit_rates"
+BENCH, CALLS, HIT_RATES, TABLE = "bench", "calls", "hit_rates", "table"  # TABLE: any table a notebook reads
 PROMPT_SETS = {"HumanEval/": "humaneval", "prose/": "prose"}  # a prompt id's prefix -> its set
 UNKNOWN = "unknown"
 
@@ -29,7 +32,8 @@ UNKNOWN = "unknown"
 class Source:
     """One table of results: `name` (the file, '#precision' for a gpu-check record's bench), `kind` (BENCH: one row
     per method and prompt, with a `run` column that pairs rows run side by side; CALLS: ``batch_study.point_table``'s
-    rows; HIT_RATES: a hit-rate sweep's rows), the precision (target, draft), whether auto picked it, and settings."""
+    rows; HIT_RATES: a hit-rate sweep's rows; TABLE: a stored table as a notebook reads it), the precision (target,
+    draft), whether auto picked it, the forward, the settings, when and at which commit, and on which machine."""
     name: str
     kind: str
     frame: pd.DataFrame
@@ -38,6 +42,31 @@ class Source:
     settings: dict = field(default_factory=dict)  # pair, k, temperature, max_new_tokens, budget, fan_out, device
     date: str = UNKNOWN
     commit: str = UNKNOWN
+    forward: str = "eager"  # how the kit's models ran (ssd.models.forwards); "eager" for files stored before
+    machine: str = UNKNOWN  # its folder of data/
+    words: str = ""  # the machine in words (``ssd.bench.machines.describe``), where it was looked up
+
+    @property
+    def path(self) -> str:
+        """Inside data/: 'amd-epyc-avx2/hit_rates.csv'."""
+        return f"{self.machine}/{self.name}"
+
+    @property
+    def target(self) -> str:
+        return self.precision[0]
+
+    @property
+    def draft(self) -> str:
+        return self.precision[1]
+
+    @property
+    def line(self) -> str:
+        """The caption under a figure drawn from this file (``style.caption``)."""
+        return setting_line(self.words or self.machine, self.target, self.draft)
+
+    def __str__(self) -> str:
+        return (f"{self.path}: measured on {self.words or self.machine} (data/{self.machine}/) on {self.date}, target "
+                f"{self.target}, draft {self.draft}; stored at commit {self.commit}")
 
 
 def prompt_set(prompt_id) -> str:
@@ -65,7 +94,8 @@ def read_folder(folder: str) -> list[Source]:
         sources += _from_json(path, index)
     for path in sorted(glob.glob(os.path.join(folder, "*.csv"))):
         sources += _from_csv(path, index)
-    return sorted(sources, key=lambda s: s.name)
+    machine = os.path.basename(os.path.abspath(folder))
+    return sorted((replace(s, machine=machine) for s in sources), key=lambda s: s.name)
 
 
 def _index(folder: str) -> dict[str, dict]:
@@ -113,7 +143,8 @@ def _from_bench(name: str, result: dict, index: dict, indexed: str | None = None
     settings |= {"device": environment.get("device_name") or environment.get("device"),
                  "cores": (environment.get("capability") or {}).get("cores")}
     common = dict(precision=(precision.get("target"), precision.get("draft")), settings=settings, date=date,
-                  commit=commit, auto=str(precision.get("reason", "")).startswith("auto"))
+                  commit=commit, auto=str(precision.get("reason", "")).startswith("auto"),
+                  forward=args.get("forward") or "eager")
     out = [Source(name, BENCH, _bench_rows(rows, name), **common)]
     if rows.get("batch_size", pd.Series([1])).fillna(1).nunique() > 1 and "call" in rows:
         sets = rows["prompt_id"].map(prompt_set).unique()

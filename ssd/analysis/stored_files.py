@@ -1,7 +1,8 @@
 """Where the numbers a notebook shows from data/ came from: for a stored table, the machine that measured it (its
-folder of data/, in words) and the precisions, read from data/index.csv; one line for the notebook to print above
-the table and the same for the caption under its figure (``style.caption``). A table is only as good as the machine
-it names, and the findings of notebook 06 come from several.
+folder of data/, in words) and the precisions, read from data/index.csv, as the kit's one record of a stored file
+(``ssd.analysis.sources.Source``): its str is the line for the notebook to print above the table, its ``line`` the
+caption under its figure (``style.caption``). A table is only as good as the machine it names, and the findings of
+notebook 06 come from several.
 
 The precision is read from the index, else from the table's own target_dtype/draft_dtype columns, else from what the
 caller says (a file stored before the kit recorded precisions); where two of those disagree, or none says, this fails
@@ -9,7 +10,6 @@ rather than caption a figure with a guess.
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 
@@ -18,29 +18,7 @@ import pandas as pd
 from ..bench import machines
 from ..bench.profile import load as load_profile
 from ..names import PRECISIONS
-from . import style
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """A stored file and where it was measured."""
-
-    path: str  # inside data/: 'amd-epyc-avx2/hit_rates.csv'
-    machine: str  # its machine's folder name: 'amd-epyc-avx2'
-    words: str  # the machine in words (``ssd.bench.machines.describe``)
-    target: str
-    draft: str
-    commit: str  # the commit that stored it
-    date: str  # when it was measured
-
-    @property
-    def line(self) -> str:
-        """The caption under a figure drawn from this file (``style.caption``)."""
-        return style.setting_line(self.words, self.target, self.draft)
-
-    def __str__(self) -> str:
-        return (f"{self.path}: measured on {self.words} (data/{self.machine}/) on {self.date}, target {self.target}, "
-                f"draft {self.draft}; stored at commit {self.commit}")
+from .sources import TABLE, Source
 
 
 def _entry(data_dir: str, path: str) -> pd.Series:
@@ -90,8 +68,10 @@ def stored(data_dir: str, path: str, frame: pd.DataFrame | None = None, precisio
     machine = entry["machine"]
     if frame is not None and "machine" in frame.columns and set(frame["machine"].dropna()) - {machine}:
         raise ValueError(f"{path}: its rows name machines {sorted(set(frame['machine']))}, the index {machine!r}")
-    target, draft = _precisions(path, entry, frame, precision)
-    return Source(path, machine, machines.describe(data_dir, machine), target, draft, entry["commit"], entry["date"])
+    precisions = _precisions(path, entry, frame, precision)
+    return Source(path.split("/", 1)[1], TABLE, frame if frame is not None else pd.DataFrame(), precisions,
+                  date=entry["date"], commit=entry["commit"], machine=machine,
+                  words=machines.describe(data_dir, machine))
 
 
 def stored_csv(data_dir: str, path: str, precision: str | None = None) -> tuple[pd.DataFrame, Source]:

@@ -10,6 +10,10 @@ from .report import NOT_MEASURED, Figure, Page
 
 # The table's terms, as a newcomer meets them (the README's glossary, under the sentences)
 GLOSSARY = (
+    ("a ratio (1.25x [1.16, 1.36])", "per answer, the two methods run side by side, then the geometric mean over "
+                                     "the answers [its 95% CI]"),
+    ("decode tokens/s", "the tokens after the prompt's pass over the time after it (the paper's measure); "
+                        "whole-call tokens/s counts the prompt's pass too (a peer that does not time it)"),
     ("SD", "speculative decoding: K draft tokens, then one target pass that verifies them"),
     ("the pipeline", "SSD's two-rank loop: the drafter speculates on its own cores (or device) while the target "
                      "verifies"),

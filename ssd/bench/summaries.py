@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .stats import MIN_CI_N, mean_ci, speedups
+from .stats import MIN_CI_N, geometric_mean_ci, mean_ci, speedups
 from ..checks import is_auto, parse_variant
 from ..names import ENGINE_AR
 from .methods import resolve
@@ -189,14 +189,12 @@ def against_peers(rows: pd.DataFrame) -> list[dict]:
             if value not in rows or not {method, peer} <= set(rows["method"]):
                 continue
             ratios = speedups(rows[rows["method"].isin([method, peer])].astype({value: float}), peer, value=value)
-            logs = ratios.assign(log=np.log(ratios["speedup"])).dropna(subset=["log"])
-            if logs.empty:
+            if ratios["speedup"].dropna().empty:
                 continue
-            ci = mean_ci(logs, "method", "log").iloc[0]
-            out.append({"method": method, "peer": peer, "measure": value, "answers": int(ci["n"]),
-                        "geometric_mean": float(np.exp(ci["mean"])),
-                        "ci": None if pd.isna(ci["ci_low"]) else [float(np.exp(ci["ci_low"])),
-                                                                  float(np.exp(ci["ci_high"]))]})
+            ci = geometric_mean_ci(ratios["speedup"])
+            out.append({"method": method, "peer": peer, "measure": value, "answers": ci["n"],
+                        "geometric_mean": ci["mean"],
+                        "ci": None if np.isnan(ci["ci_low"]) else [ci["ci_low"], ci["ci_high"]]})
     return out
 
 
