@@ -109,7 +109,8 @@ def test_a_figure_no_file_holds_renders_not_measured(tmp_path):
     assert {f.prompts for f in pg.figures[pg.precisions[0]]} == {"prose"}  # no HumanEval rows: none measured
     missing = figure(pg, "pipeline/sd-1core", "prose")
     assert missing.value == report.NOT_MEASURED and missing.source == "" and missing.mean is None
-    assert ("| the pipeline over SD on one core (sd-1core), by decode tokens/s | prose | not measured | - | - |"
+    assert ("| the pipeline over SD on one core (sd-1core), B 4, calibrated fan-out, by decode tokens/s | prose "
+            "| not measured | - | - |"
             in report.markdown(pg))
 
 
@@ -208,3 +209,34 @@ def test_report_refuses_a_forward_without_measure(capsys):
     assert "--forward is how --measure's benches run" in capsys.readouterr().err
     assert main(["report", "--measure", "--forward", "jit"]) == 2
     assert "forward must be one of eager, compiled; got 'jit'" in capsys.readouterr().err
+
+
+def test_pipeline_figures_are_read_only_at_the_settings_their_label_names(tmp_path):
+    """Like for like: the pipeline's rows read only files that ran B 4 with calibrated fan-out, as their label says;
+    a file at the command line's default B 16 uniform is another figure, not measured here."""
+    rates = {"sd-1core": [1.0] * 4, "ssd-pipeline": [1.5] * 4}
+    bench(tmp_path / "m", "b16.json", rates, budget=16, fan_out="uniform")
+    pipeline = figure(report.page(str(tmp_path / "m")), "pipeline/sd-1core")
+    assert pipeline.value == report.NOT_MEASURED and "B 4, calibrated fan-out" in pipeline.what
+    bench(tmp_path / "m", "b4.json", rates)
+    assert figure(report.page(str(tmp_path / "m")), "pipeline/sd-1core").source == "b4.json"
+
+
+def with_hits(path, hit_rate: float) -> None:
+    with open(path) as f:
+        result = json.load(f)
+    for row in result["rows"]:
+        row["hit_rate"] = hit_rate if row["method"].startswith("ssd") else None
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+def test_a_sampled_hit_rate_is_not_the_greedy_figure(tmp_path):
+    rows = {"ssd-pipeline": [1.0] * 3, "ar": [1.0] * 3}
+    bench(tmp_path / "s", "sampled.json", rows, temperature=0.7)
+    with_hits(tmp_path / "s" / "sampled.json", 0.5)
+    hit = figure(report.page(str(tmp_path / "s")), "hit/calibrated")
+    assert hit.value == report.NOT_MEASURED and hit.what.endswith(", greedy")
+    bench(tmp_path / "g", "greedy.json", rows)  # the same rows, greedy: read
+    with_hits(tmp_path / "g" / "greedy.json", 0.5)
+    assert figure(report.page(str(tmp_path / "g")), "hit/calibrated").value == "0.50"

@@ -34,6 +34,9 @@ NOTE = ("Ratios: per answer, of the measure the row names, run side by side; the
         "Student-t CI of the mean log ratio]. A break-even or crossover b is the first batch size measured at which it "
         "holds (no interval); the backup on auto: its range over the b measured, one run each.")
 HIT_BUDGET = 4  # B of the hit-rate figure: the budget the pipeline's benches and the batch study run at
+# The settings every pipeline figure is read at, like for like on every machine (the studies' B and fan-out; the
+# command line's default is B 16 uniform): a file that ran others, or recorded none, is not read for them
+PIPELINE_SETTINGS = {"budget": HIT_BUDGET, "fan_out": "calibrated"}
 
 
 @dataclass(frozen=True)
@@ -97,14 +100,16 @@ def at_b1(source: Source, prompts: str, precision) -> pd.DataFrame | None:
 # ---- the figures -------------------------------------------------------------------------------------------------
 
 def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple,
-          measure: str = "decode_tokens_per_s") -> Figure:
+          measure: str = "decode_tokens_per_s", settings: dict | None = None) -> Figure:
     """A method's decode tokens/s over another's on the same answer, run side by side (paired within a run: a file,
-    or a sweep point): the geometric mean over answers with its 95% CI (``stats.geometric_mean_ci``)."""
-    what = f"{what}, by {MEASURES[measure]}"
+    or a sweep point): the geometric mean over answers with its 95% CI (``stats.geometric_mean_ci``). settings: what
+    a file must have run at to be read (the pipeline's B and fan-out), named in the label."""
+    settings = settings or {}
+    what = f"{what}{', ' + _setting_words(settings) if settings else ''}, by {MEASURES[measure]}"
     candidates = []
     for s in sources:
         rows = at_b1(s, prompts, precision)
-        if rows is None or measure not in rows:
+        if rows is None or measure not in rows or any(s.settings.get(k) != v for k, v in settings.items()):
             continue
         for a in over:
             for b in (b for b in under if {a, b} <= set(rows["label"])):
@@ -146,12 +151,15 @@ def peer(sources, prompts, precision, key, what, method: str, transformers: str)
 
 
 def hit_rate(sources, prompts, precision, fan_out: str) -> Figure:
-    """The pipeline's (or SSD's) hit rate at B = HIT_BUDGET with this fan-out, mean over prompts with its 95% CI
-    (clipped to [0, 1]): from a bench at the machine's precision, or from a hit-rate sweep (``python -m ssd
-    hit-rates``), which reads every B off one run but records no precision; the sample says which."""
-    key, what = f"hit/{fan_out}", f"hit rate at B = {HIT_BUDGET}, {fan_out} fan-out"
+    """The pipeline's (or SSD's) hit rate at B = HIT_BUDGET with this fan-out, greedy (as every figure of the table),
+    mean over prompts with its 95% CI (clipped to [0, 1]): from a bench at the machine's precision, or from a
+    hit-rate sweep (``python -m ssd hit-rates``), which reads every B off one run but records no precision; the
+    sample says which."""
+    key, what = f"hit/{fan_out}", f"hit rate at B = {HIT_BUDGET}, {fan_out} fan-out, greedy"
     candidates = []
     for s in sources:
+        if not greedy(s):  # a sampled sweep's hits are another figure: T moves the outcomes the cache must predict
+            continue
         rows = _hit_rows(s, prompts, precision, fan_out)
         if rows is not None and len(rows):
             candidates.append(((rows["prompt_id"].nunique(),), s, rows))
@@ -161,9 +169,7 @@ def hit_rate(sources, prompts, precision, fan_out: str) -> Figure:
     _, s, rows = best
     per_prompt = rows.groupby("prompt_id", sort=True)["hit_rate"].mean().reset_index().assign(all=0)
     ci = mean_ci(per_prompt, "all", "hit_rate").iloc[0]
-    t = s.settings.get("temperature")
-    setting = "" if t in (None, 0, 0.0) else f", temperature {t:g}"
-    setting += ", precision not recorded" if s.kind == HIT_RATES else ""
+    setting = ", precision not recorded" if s.kind == HIT_RATES else ""
     return _numbers(key, what, prompts, ci, s, f"{int(ci['n'])} prompts{setting}", "ssd-pipeline", "")
 
 
@@ -255,6 +261,11 @@ def _batch(tables, prompts, key, what, needs, value) -> Figure:
     return Figure(key, what, prompts, value(t), "", sample, s.name)
 
 
+def _setting_words(settings: dict) -> str:
+    """{"budget": 4, "fan_out": "calibrated"} -> 'B 4, calibrated fan-out'."""
+    return f"B {settings['budget']}, {settings['fan_out']} fan-out"
+
+
 def _pipeline_setting(s: Source) -> str:
     """The pipeline's B and fan-out in a source, which its speed depends on (the studies ran B 4 calibrated, the
     command line's default is B 16 uniform)."""
@@ -309,9 +320,9 @@ def figures(sources: list[Source], precision, gpu: bool = False) -> list[Figure]
         out += [ratio(sources, p, precision, "sd/ar", "SD over AR", ("sd",), ("ar",))]
         if not gpu:
             out += [ratio(sources, p, precision, "pipeline/sd-1core", "the pipeline over SD on one core (sd-1core)",
-                          PIPELINES, ("sd-1core",)),
+                          PIPELINES, ("sd-1core",), settings=PIPELINE_SETTINGS),
                     ratio(sources, p, precision, "pipeline/sd", "the pipeline over SD on both cores", PIPELINES,
-                          ("sd",))]
+                          ("sd",), settings=PIPELINE_SETTINGS)]
         out += [peer(sources, p, precision, "ar/hf-ar", "our AR over transformers' generate", "ar", "hf-ar"),
                 peer(sources, p, precision, "sd/hf-sd", "our SD over assisted generation", "sd", "hf-sd")]
         if not gpu:

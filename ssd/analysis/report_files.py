@@ -59,6 +59,8 @@ def readme_block(pages: list[Page]) -> str:
              "", "The table's terms:", "", *terms, "", header, "|---|" + "---|" * len(cpus)]
     for key, prompts in README_ROWS:
         found = [cells[pg.machine].get((key, prompts)) for pg in cpus]
+        if all(f is None or f.value == NOT_MEASURED for f in found):
+            continue  # no machine measured it like for like: it stays on the pages, out of the glance
         what = next(f.what for f in found if f is not None)
         lines.append(f"| {what}, {SETS[prompts]} | " + " | ".join(f.cell if f else NOT_MEASURED for f in found)
                      + " |")
