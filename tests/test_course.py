@@ -48,6 +48,14 @@ def test_a_failing_notebook_stops_the_course_and_is_kept_as_failed(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["00_ok.ipynb", "01_bad.failed.ipynb"]
 
 
+def test_a_failed_or_running_copy_beside_the_course_is_no_notebook_of_it(tmp_path):
+    """A run with --out notebooks leaves NAME.failed.ipynb in the course's own folder: the next run reruns NAME
+    alone, not the failed copy as a notebook of its own too."""
+    for name in ("07_auto.ipynb", "07_auto.failed.ipynb", "07_auto.running.ipynb", "08_b.ipynb"):
+        notebook(tmp_path / name, "1")
+    assert [os.path.basename(p) for p in course_notebooks(str(tmp_path))] == ["07_auto.ipynb", "08_b.ipynb"]
+
+
 def test_only_and_an_empty_folder_are_checked(tmp_path):
     with pytest.raises(ValueError, match="notebooks_dir .* holds no notebook"):
         run_course(str(tmp_path), str(tmp_path / "out"))

@@ -30,7 +30,10 @@ OUTPUTS = {"figures_dir": "figures", "results_dir": os.path.join("results", "{ma
 
 
 def course_notebooks(notebooks_dir: str = "notebooks") -> list[str]:
-    paths = sorted(glob.glob(os.path.join(notebooks_dir, NOTEBOOK_PATTERN)))
+    """The course's notebooks, in order: NN_name.ipynb, not a failed or running copy a run left beside them (written
+    into the course's own folder, ``--out notebooks``, it would else run as a notebook of its own next time)."""
+    paths = sorted(p for p in glob.glob(os.path.join(notebooks_dir, NOTEBOOK_PATTERN))
+                   if not p.endswith((".failed.ipynb", ".running.ipynb")))
     if not paths:
         raise ValueError(f"notebooks_dir {notebooks_dir!r} holds no notebook named like {NOTEBOOK_PATTERN}")
     return paths
