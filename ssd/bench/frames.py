@@ -54,8 +54,8 @@ def ssd_surface(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, bud
     """SSD's predicted decode tokens/s and hit rate at each (K, B) and backup (both on "auto"): one row each (columns
     k, budget, backup, tokens_per_s, p_hit), what ``ssd.core.tuning.choose_ssd_k_budget`` takes the best of."""
     scored = ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
-    return pd.DataFrame([{"k": k, "budget": b, "backup": kind, "tokens_per_s": tps, "p_hit": p_hit}
-                         for (k, b, kind), (tps, p_hit) in scored.items()])
+    return pd.DataFrame([{"k": k, "budget": b, "backup": one, "tokens_per_s": tps, "p_hit": p_hit}
+                         for (k, b, one), (tps, p_hit) in scored.items()])
 
 
 def final_rounds(rounds: pd.DataFrame) -> pd.Series:

@@ -141,8 +141,8 @@ def ssd_scores(a_p: float, law: PowerLaw | MissModel, latencies, ks, budgets, ba
     """{(K, B, backup): (predicted tokens/s, hit rate)} over the candidates, K then B ascending, jit before fast."""
     a_p = _check_rate(a_p, "a_p (the acceptance rate)")
     ks, budgets = _check_candidates(ks, "ks"), _check_candidates(budgets, "budgets")
-    return {(k, b, kind): ssd_tokens_per_s(a_p, law, k, b, latencies, backup=kind, **options)
-            for k in sorted(ks) for b in sorted(budgets) for kind in backups_of(backup)}
+    return {(k, b, one): ssd_tokens_per_s(a_p, law, k, b, latencies, backup=one, **options)
+            for k in sorted(ks) for b in sorted(budgets) for one in backups_of(backup)}
 
 
 def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD_KS, budgets=BUDGETS, *,
@@ -152,8 +152,8 @@ def choose_ssd_k_budget(a_p: float, law: PowerLaw | MissModel, latencies, ks=SSD
     then B, then the jit backup on a tie)."""
     scored = ssd_scores(a_p, law, latencies, ks, budgets, backup, strategy=strategy, r=r, fast_tokens=fast_tokens)
     best = max(scored, key=lambda key: scored[key][0])  # ascending K, B, jit first: max keeps the first of the best
-    k, b, kind = best
-    return Choice(k=k, budget=b, tokens_per_s=scored[best][0], p_hit=scored[best][1], backup=kind)
+    k, b, backup = best
+    return Choice(k=k, budget=b, tokens_per_s=scored[best][0], p_hit=scored[best][1], backup=backup)
 
 
 # ---- in a run ------------------------------------------------------------------------------------------------------
