@@ -304,13 +304,13 @@ class InProcess:
         return self.drafter.follow(verdicts)
 
 
-def verify_rounds(verifier: VerifierSide, speculator) -> None:
+def verify_rounds(side: VerifierSide, speculator) -> None:
     """SSD's rounds as the verifier runs them, until every row is done, over a speculator (``InProcess``, or the
     pipeline's ``Remote``): drafts() gives a round's drafts, meanwhile() pre-speculates while they are verified,
     follow(verdicts) looks each row's outcome up and drafts the next round, returning what it did (the Reports)."""
-    while verifier.verifier.live:
+    while side.verifier.live:
         message, q = speculator.drafts()  # 1. the drafts of this round (from the cache after a hit)
         with speculator.meanwhile():  # 2. verified, while the next round is pre-speculated for every outcome
-            verdicts = verifier.verify(message, q)
+            verdicts = side.verify(message, q)
         reports = speculator.follow(verdicts)  # 3. each outcome looked up, learnt from, and the next round drafted
-        verifier.record(reports, speculator.offset_s)
+        side.record(reports, speculator.offset_s)
