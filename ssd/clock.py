@@ -28,7 +28,6 @@ class Span:
     end_s: float
 
 
-
 class Stopwatch:
     """The phase times of a loop, kept out of its algorithm's lines:
 

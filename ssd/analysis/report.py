@@ -236,7 +236,8 @@ def batch_figures(sources, prompts, precision) -> list[Figure]:
                    lambda t: {_pipeline(t), "ar"}, lambda t: _break_even(t, _pipeline(t))),
             _batch(tables, prompts, "b/star", "the backups' crossover b* (fast reaches jit)",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
-            _batch(tables, prompts, "b/auto", "the backup on auto over the better fixed one, by the batch's decode tokens/s",
+            _batch(tables, prompts, "b/auto",
+                   "the backup on auto over the better fixed one, by the batch's decode tokens/s",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
 
 
