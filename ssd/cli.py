@@ -27,8 +27,9 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
                    "(int8: int8 linear layers; int4: 4-bit weights in groups of 32, bfloat16 activations; both CPU "
                    "only); auto keeps the fastest one-token step")
     p.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how both models' forwards run; "
-                   "compiled: torch.compile, the decoder compiled at its first decoding step (the offline pair: 2 "
-                   "minutes on 2 CPU cores the first time, 30 s in a later process, which reads the user cache); "
+                   "compiled: torch.compile, the decoder compiled at its first decoding step (the offline pair: "
+                   "about 2 minutes on 2 CPU cores the first time, 40 s in a later process, which reads the user "
+                   "cache); "
                    "eager (the default) is the exact reference")
 
 

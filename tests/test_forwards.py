@@ -84,6 +84,24 @@ def test_a_compiled_pass_gives_the_eager_logits(compiled_pair):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.integration
+def test_a_graph_serves_the_next_cache_bucket_when_the_head_size_equals_a_bucket():
+    """A head size of 64 is also the first bucket's slots: traced as one symbol, the graph held the bucket at 64 and
+    a decode that outgrew it traced the whole model again (13 s on the offline target at 128). The cache marks its
+    heads and head size static, so the only new graph past the bucket is none."""
+    model = forwards.compile_forward(tiny_pair(hidden_size=256, max_context=512).target, progress=False)
+    assert model.config.hidden_size // model.config.num_attention_heads == 64
+    cached, ids = CachedModel(model), [i % 16 for i in range(200)]
+    cached.prefill(ids[:40])  # 39 tokens, eager
+    for n in (40, 44, 48):  # a step and two verify passes of 4, within the first bucket of 64 slots: two graphs
+        cached.logits(ids[:n], keep=1)
+    made = forwards.graphs_made()
+    for n in (49, 53, 57, 61, 65, 66, 70):  # the same widths across the bucket's edge, into 128 slots
+        cached.logits(ids[:n], keep=1)
+    assert cached.cache.layers[0].capacity == 128
+    assert forwards.graphs_made() == made
+
+
 def test_inductors_cache_goes_under_the_user_cache_unless_the_user_chose_a_folder(monkeypatch, tmp_path):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 

@@ -64,10 +64,15 @@ class SlotLayer(CacheLayerMixin):
         self._static_addresses()
 
     def _static_addresses(self) -> None:
-        """Tell torch.compile the buffers stay where they are (a CUDA graph may then write them in place)."""
+        """Tell torch.compile the buffers stay where they are (a CUDA graph may then write them in place), and that
+        their heads and head size never change: only rows and capacity are sizes a graph takes as symbols. (Left a
+        symbol, a head size of 128 shared one with a bucket of 128, the graph held the bucket at 128 and the next
+        bucket traced the model again, 13 s on the offline target.)"""
         if self.fixed_shapes:
             for states in (self.keys, self.values):
                 torch._dynamo.mark_static_address(states)
+                torch._dynamo.mark_static(states, 1)
+                torch._dynamo.mark_static(states, 3)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the block's keys and values [b, heads, width, dim] at slots end..end + width - 1, in place."""

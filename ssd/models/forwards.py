@@ -26,8 +26,10 @@ GPU the mode is ``reduce-overhead``: CUDA graphs, which need the cache's buffers
 
 What a compile makes is kept in the user cache (inductor's cache, ``TORCHINDUCTOR_CACHE_DIR``, under ``~/.cache/ssd``
 unless the user set the variable): a later process traces the model again but compiles nothing (the offline pair at
-int4: 30 s of tracing for SD's three graphs against 120 s the first time). Float constants are specialized
-(``specialize_float``): traced as symbols, each graph was traced twice.
+int4: about 10 s of tracing a graph; SD meets four, the draft's widths 1 and 2, the target's K + 1 and, at an answer's
+end, 1, which took about 2 minutes the first time). Float constants are specialized (``specialize_float``): traced as
+symbols, each graph was traced twice. The cache's heads and head size are static (``ssd.core.static_cache``): a head
+size equal to a bucket's slots would otherwise share its symbol and hold the graph to that bucket.
 """
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ MAX_WIDTH = 16  # blocks of at most this many slots run compiled: a step, a veri
 MAX_GRAPHS = 32
 INDUCTOR_CACHE = "inductor"  # under the user cache
 # What the first compile costs, as measured (docs/precision.md, "Compiled forwards"): said before it starts
-FIRST_COMPILE = ("the offline pair's two models at int4, SD's three graphs: 2 minutes on 2 CPU cores the first time, "
-                 "30 s in a later process, which reads inductor's cache but traces again; a tiny model: seconds")
+FIRST_COMPILE = ("the offline pair's two models at int4, SD's four graphs: about 2 minutes on 2 CPU cores the first "
+                 "time, 40 s in a later process, which reads inductor's cache but traces again, its first tokens 20 s "
+                 "after its start; a tiny model: seconds")
 
 
 def check_forward(value, parameter: str = "forward") -> str:
