@@ -1,9 +1,12 @@
 """Closed forms and Theorem 7 fed by measured rounds; the bench summary that reports them."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from ssd.bench.summaries import measured_theorem7, summarize
+from ssd.bench.summaries import measured_theorem7, ratios, resummarised, summarize
 from ssd.core.theory import (all_hit_rate, critical_batch_size, expected_tokens, pipelined_speedup, sd_speedup,
                              theorem7_speedup)
 
@@ -154,3 +157,27 @@ def test_an_answers_last_round_leaves_the_hit_rates():
     assert measured_theorem7(flipped) == pytest.approx(measured_theorem7(base))
     moved = base.assign(hit=[True, True, True, False, False, False])  # a round that is not last does move it
     assert measured_theorem7(moved)["p_hit"] == pytest.approx(3 / 4)
+
+
+def test_a_summarys_speed_ups_are_geometric_means_of_per_answer_ratios_with_their_interval():
+    """Ratios of 2, 1 and 1 give 2 ** (1 / 3), not the 1.33 of their arithmetic mean or of a ratio of the totals."""
+    rows = pd.DataFrame({"method": ["ar", "sd"] * 3, "prompt_id": ["a", "a", "b", "b", "c", "c"],
+                         "new_tokens": [10] * 6, "wall_s": [2.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                         "prefill_s": [0.5, 0.25, 0.5, 0.5, 0.5, 0.5], "prefill_tokens": [1] * 6})
+    out = ratios(rows, "sd")
+    assert out["speedup_vs_ar"] == pytest.approx(2 ** (1 / 3))
+    low, high = out["speedup_vs_ar_ci"]
+    assert low < 2 ** (1 / 3) < high  # three answers: an interval, of the mean log
+    assert out["decode_speedup_vs_ar"] == pytest.approx((9 / 0.75 / (9 / 1.5)) ** (1 / 3))
+    assert out["speedup_vs_peer"] is None and out["speedup_vs_peer_ci"] is None  # hf-sd did not run
+    assert ratios(rows, "ar")["speedup_vs_ar"] == 1.0 and ratios(rows, "ar")["speedup_vs_ar_ci"] is None
+
+
+def test_every_stored_bench_gives_its_speed_ups_in_the_one_convention():
+    """Each data/ bench's summary, per-category report and peers are what its rows give today (resummarised), so no
+    stored file keeps a ratio of totals or an arithmetic mean of ratios beside the report's geometric means."""
+    paths = [p for p in sorted(Path("data").glob("*/*.json")) if {"rows", "summary"} <= set(json.loads(p.read_text()))]
+    assert len(paths) >= 30
+    for path in paths:
+        stored = json.loads(path.read_text())
+        assert json.loads(json.dumps(resummarised(stored), default=str)) == stored, path

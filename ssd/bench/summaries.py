@@ -24,8 +24,11 @@ PARTNERS = {**PEERS, "llamacpp-sd": "llamacpp-ar"}
 # engine), and llama.cpp's AR over ours (how far apart the two engines' kernels are).
 COMPARED = {**{ours: [peer] for ours, peer in PEERS.items()}, "llamacpp-sd": ["llamacpp-ar"], "llamacpp-ar": ["ar"]}
 
-# The per-category report's figures (means over answers) and their headers in the printed table.
-CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "speedup_vs_ar": "speed-up vs ar", "tokens_per_round": "tokens/round"}
+# The per-category report's figures and their headers in the printed table: rates as means over answers, the
+# speed-ups (RATIO_VALUES) as geometric means of per-answer ratios, decode first (the paper's measure).
+CATEGORY_VALUES = {"tokens_per_s": "tokens/s", "decode_speedup_vs_ar": "speed-up vs ar, decode",
+                   "speedup_vs_ar": "speed-up vs ar, whole call", "tokens_per_round": "tokens/round"}
+RATIO_VALUES = ("decode_speedup_vs_ar", "speedup_vs_ar")
 
 
 def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> dict:
@@ -64,9 +67,10 @@ def measured_theorem7(rounds: pd.DataFrame, ar_step_s: float | None = None) -> d
 
 def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=None, config=None) -> list[dict]:
     """tokens/s = total new tokens / total wall time (long prompts weigh by their length, as a user's clock does);
-    decode tokens/s leaves out the prompts' passes (the paper's measure). With a profile (or {b: profile}) and the
-    run's config, the SSD methods at a b it was timed at get Theorem 7 fed by its latencies beside the one fed by
-    their own rounds, and SD its predicted speed-up over AR at that b."""
+    decode tokens/s leaves out the prompts' passes (the paper's measure). Every speed-up is a geometric mean of
+    per-answer ratios with its 95% interval (``ratios``), not a ratio of these totals. With a profile (or {b:
+    profile}) and the run's config, the SSD methods at a b it was timed at get Theorem 7 fed by its latencies beside
+    the one fed by their own rounds, and SD its predicted speed-up over AR at that b."""
     summary = []
     for method, g in rows.groupby("method", sort=False):
         drafted = g["drafted"].sum()
@@ -92,19 +96,9 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                 **_differences(g),
             }
         )
-    tps = {s["method"]: s["tokens_per_s"] for s in summary}
-    decode = {s["method"]: s["decode_tokens_per_s"] for s in summary}
     for s in summary:
-        s["speedup_vs_ar"] = s["tokens_per_s"] / tps["ar"] if "ar" in tps else None
-        s["decode_speedup_vs_ar"] = (s["decode_tokens_per_s"] / decode["ar"]
-                                     if decode.get("ar") and s["decode_tokens_per_s"] else None)
-        peer = PEERS.get(s["method"])
-        s["speedup_vs_peer"] = s["tokens_per_s"] / tps[peer] if peer in tps else None
-        own_ar = ENGINE_AR.get(s["method"])  # another engine's methods, over that engine's AR
-        if own_ar in tps and own_ar != s["method"]:
-            s["speedup_vs_engine_ar"] = s["tokens_per_s"] / tps[own_ar]
-            s["decode_speedup_vs_engine_ar"] = (s["decode_tokens_per_s"] / decode[own_ar]
-                                                if decode.get(own_ar) and s["decode_tokens_per_s"] else None)
+        s.update(ratios(rows, s["method"]))
+    tps = {s["method"]: s["tokens_per_s"] for s in summary}
     for name in tps:
         if rounds is None or not is_ssd(name):
             continue
@@ -130,6 +124,69 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
     return summary
 
 
+def ratios(rows: pd.DataFrame, method: str) -> dict:
+    """The method's speed-ups, in the kit's one convention (``stats.geometric_mean_ci``): over AR (decode tokens/s,
+    the paper's measure, and the whole call), over its transformers peer (whole call: transformers times no prompt
+    pass apart) and, for another engine's methods, over that engine's AR. Each is the geometric mean over the answers
+    both methods gave of the per-answer ratio, with its 95% interval in FIELD_ci (None from fewer than MIN_CI_N
+    answers); None where the other method did not run or no answer pairs. AR over itself is 1, no interval."""
+    out = {}
+    over = {"speedup_vs_ar": ("ar", "tokens_per_s"), "decode_speedup_vs_ar": ("ar", "decode_tokens_per_s"),
+            "speedup_vs_peer": (PEERS.get(method), "tokens_per_s")}
+    own_ar = ENGINE_AR.get(method)  # another engine's methods, over that engine's AR
+    if own_ar is not None and own_ar != method and own_ar in set(rows["method"]):
+        over |= {"speedup_vs_engine_ar": (own_ar, "tokens_per_s"),
+                 "decode_speedup_vs_engine_ar": (own_ar, "decode_tokens_per_s")}
+    rates = answer_rates(rows)
+    for field, (baseline, value) in over.items():
+        ci = _paired_ratio(rates, method, baseline, value)
+        out[field], out[f"{field}_ci"] = (None, None) if ci is None else (ci["mean"], _interval(ci))
+    return out
+
+
+def resummarised(result: dict) -> dict:
+    """A stored bench (its JSON as a dict) with every speed-up in the one convention, from its rows, which stay as
+    they are: each method's ``ratios`` in its summary, the per-category report and the peers. The summary's other
+    figures (rates, acceptance, Theorem 7 from rounds a file does not keep) stay as stored."""
+    rows = pd.DataFrame(result["rows"])
+    summary = [{**s, **ratios(rows, s["method"])} for s in result["summary"]]
+    return {**result, "summary": summary, "categories": by_category(rows), "peers": against_peers(rows)}
+
+
+def answer_rates(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each answer's whole-call and decode tokens/s, the machine's (a batch's call time over its b rows, as
+    ``summarize``'s totals): the row's own where it has them (decode over the method's own clock after its prompt's
+    pass), else from its tokens and times. Decode is NaN where the answer did not time its prompt's pass, or had no
+    token after it (a short answer whose first round gave it all: no decode to measure, not a rate of zero)."""
+    b = _batch_sizes(rows)
+    whole = rows["tokens_per_s"] if "tokens_per_s" in rows else rows["new_tokens"] / (rows["wall_s"] / b)
+    if "decode_tokens_per_s" in rows:
+        decode = rows["decode_tokens_per_s"]
+    elif "prefill_s" in rows:
+        prefill_tokens = rows["prefill_tokens"].fillna(0) if "prefill_tokens" in rows else 0
+        decode = (rows["new_tokens"] - prefill_tokens) / ((rows["wall_s"] - rows["prefill_s"].astype(float)) / b)
+    else:
+        decode = pd.Series(float("nan"), index=rows.index)
+    return pd.DataFrame({"prompt_id": rows["prompt_id"], "method": rows["method"], "tokens_per_s": whole.astype(float),
+                         "decode_tokens_per_s": decode.astype(float).where(lambda rate: rate > 0)})
+
+
+def _paired_ratio(rates: pd.DataFrame, method: str, baseline: str | None, value: str) -> dict | None:
+    """``stats.geometric_mean_ci`` of method's value over baseline's on the same answers (AR over itself: 1 over its
+    answers, no interval); None where nothing pairs."""
+    both = rates[rates["method"].isin([method, baseline])].dropna(subset=[value])
+    if baseline is None or baseline not in set(both["method"]):
+        return None
+    if method == baseline:
+        return {"mean": 1.0, "ci_low": float("nan"), "ci_high": float("nan"), "n": int(len(both))}
+    paired = speedups(both, baseline, value=value)["speedup"]
+    return geometric_mean_ci(paired) if len(paired) else None
+
+
+def _interval(ci: dict) -> list[float] | None:
+    return None if np.isnan(ci["ci_low"]) else [ci["ci_low"], ci["ci_high"]]
+
+
 def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
     """SD's speed-up over AR predicted from the profile (``theory.sd_from_profile``) with the tokens its rounds
     yielded, and the decode rate it predicts: the measured decode rate of AR at the same batch size times that
@@ -150,12 +207,14 @@ def _add_sd_prediction(s: dict, summary: list[dict], profile, config) -> None:
 
 def by_category(rows: pd.DataFrame) -> list[dict]:
     """Spec-Bench's report: for each category (in the rows' order), then "overall", and each method, the number of
-    answers and the means over answers of tokens/s, of the speed-up over AR's answer to the same prompt and turn
-    (only with ar among the methods), and of tokens per round (tokens per target forward, Spec-Bench's "mean
-    accepted tokens"), each with its 95% Student-t CI (`VALUE_ci`, [low, high]) from MIN_CI_N answers on.
+    answers; the means over answers of tokens/s and of tokens per round (tokens per target forward, Spec-Bench's
+    "mean accepted tokens"); and the speed-up over AR's answer to the same prompt and turn (only with ar among the
+    methods), of decode and of whole-call tokens/s, each the geometric mean of the per-answer ratios, the kit's one
+    convention (``stats.geometric_mean_ci``). Each figure has its 95% Student-t CI (`VALUE_ci`, [low, high]; of the
+    mean log for a speed-up) from MIN_CI_N answers on.
 
     Spec-Bench's own speed.py divides the mean tokens/s by AR's (a ratio of means, a question's turns pooled) and
-    pools its accepted tokens over all rounds; means over answers are what a CI over answers is about.
+    pools its accepted tokens over all rounds; figures over answers are what a CI over answers is about.
     """
     rows = _with_speedups(rows)
     both = pd.concat([rows, rows.assign(category="overall")], ignore_index=True)
@@ -164,16 +223,22 @@ def by_category(rows: pd.DataFrame) -> list[dict]:
     table = both.groupby(keys).size().rename("answers").reindex(index).to_frame()
     for value in CATEGORY_VALUES:
         sample = both[[*keys, value]].astype({value: float}).dropna()
-        if sample.empty:  # no ar among the methods, or only peers (no rounds)
+        if sample.empty:  # no ar among the methods, or only peers (no rounds, or no decode time)
             table[value], table[f"{value}_ci"] = None, None
             continue
+        ratio = value in RATIO_VALUES
+        if ratio:  # ratios multiply: their mean and interval are taken of the logs
+            sample[value] = np.log(sample[value])
         ci = mean_ci(sample, keys, value).set_index(keys).reindex(index)
+        if ratio:
+            ci[["mean", "ci_low", "ci_high"]] = np.exp(ci[["mean", "ci_low", "ci_high"]])
         table[value] = ci["mean"]
         # mean_ci gives no interval from fewer than MIN_CI_N answers (NaN).
         table[f"{value}_ci"] = [None if pd.isna(lo) else [float(lo), float(hi)]
                                 for lo, hi in zip(ci["ci_low"], ci["ci_high"])]
     # AR's own speed-up is 1 by definition, not a measurement: no interval.
-    table.loc[table.index.get_level_values("method") == "ar", "speedup_vs_ar_ci"] = None
+    for value in RATIO_VALUES:
+        table.loc[table.index.get_level_values("method") == "ar", f"{value}_ci"] = None
     records = table.reset_index().to_dict("records")
     return [{k: None if isinstance(v, float) and pd.isna(v) else v for k, v in r.items()} for r in records]
 
@@ -183,18 +248,13 @@ def against_peers(rows: pd.DataFrame) -> list[dict]:
     (COMPARED), on the same answers, whole call and decode-only: the geometric mean over answers of the ratio, with
     the 95% Student-t interval of the mean log ratio, exponentiated (none from fewer than MIN_CI_N answers). One
     record per (method, measure) whose peer ran."""
-    out = []
+    out, rates = [], answer_rates(rows)
     for method, peer in [(m, p) for m, peers in COMPARED.items() for p in peers]:
         for value in ("tokens_per_s", "decode_tokens_per_s"):
-            if value not in rows or not {method, peer} <= set(rows["method"]):
-                continue
-            ratios = speedups(rows[rows["method"].isin([method, peer])].astype({value: float}), peer, value=value)
-            if ratios["speedup"].dropna().empty:
-                continue
-            ci = geometric_mean_ci(ratios["speedup"])
-            out.append({"method": method, "peer": peer, "measure": value, "answers": ci["n"],
-                        "geometric_mean": ci["mean"],
-                        "ci": None if np.isnan(ci["ci_low"]) else [ci["ci_low"], ci["ci_high"]]})
+            ci = _paired_ratio(rates, method, peer, value) if method in set(rows["method"]) else None
+            if ci is not None:
+                out.append({"method": method, "peer": peer, "measure": value, "answers": ci["n"],
+                            "geometric_mean": ci["mean"], "ci": _interval(ci)})
     return out
 
 
@@ -231,12 +291,17 @@ def time_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Each row's tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without ar."""
+    """Each row's whole-call and decode tokens/s over AR's on the same prompt and turn (1 for AR itself); NaN without
+    ar, or (decode) where an answer did not time its prompt's pass."""
     if "ar" not in set(rows["method"]):
-        return rows.assign(speedup_vs_ar=float("nan"))
-    ratios = speedups(rows, "ar").rename(columns={"speedup": "speedup_vs_ar"})
-    out = rows.merge(ratios, on=["prompt_id", "method"], how="left")
-    out.loc[out["method"] == "ar", "speedup_vs_ar"] = 1.0
+        return rows.assign(speedup_vs_ar=float("nan"), decode_speedup_vs_ar=float("nan"))
+    rates, out = answer_rates(rows), rows
+    for field, value in (("speedup_vs_ar", "tokens_per_s"), ("decode_speedup_vs_ar", "decode_tokens_per_s")):
+        timed = rates.dropna(subset=[value])
+        paired = (speedups(timed, "ar", value=value) if "ar" in set(timed["method"])
+                  else pd.DataFrame(columns=["prompt_id", "method", "speedup"]))
+        out = out.merge(paired.rename(columns={"speedup": field}), on=["prompt_id", "method"], how="left")
+        out.loc[out["method"] == "ar", field] = 1.0 if "ar" in set(timed["method"]) else float("nan")
     return out
 
 
@@ -328,9 +393,10 @@ def category_table(categories: list[dict]) -> str:
     out = frame[["category", "method", "answers"]].copy()
     for value, header in CATEGORY_VALUES.items():
         if frame[value].notna().any():
-            digits = 2 if value != "speedup_vs_ar" else 3
+            digits = 3 if value in RATIO_VALUES else 2
             out[header] = [_mean_and_ci(m, ci, digits) for m, ci in zip(frame[value], frame[f"{value}_ci"])]
-    caption = f"per category: mean over answers [95% CI over answers, from {MIN_CI_N} answers on]"
+    caption = (f"per category: tokens/s and tokens/round mean over answers, speed-ups geometric mean of per-answer "
+               f"ratios [95% CI over answers, from {MIN_CI_N} answers on]")
     return caption + "\n" + out.to_string(index=False)
 
 
