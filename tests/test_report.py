@@ -222,6 +222,17 @@ def test_pipeline_figures_are_read_only_at_the_settings_their_label_names(tmp_pa
     assert figure(report.page(str(tmp_path / "m")), "pipeline/sd-1core").source == "b4.json"
 
 
+def test_the_pipelines_batch_rows_read_only_a_study_at_the_settings_their_label_names(pages):
+    """Like for like, as the ratio rows: the pipeline's break-even b, the backups' b* and the backup on auto come from
+    a study run at B 4 with calibrated fan-out, or read "not measured" (amd-epyc-avx2's batches.csv, which recorded
+    neither, and the Intel Xeon's study are not read)."""
+    shown = [f for pg in pages for p in pg.precisions for f in pg.figures[p]
+             if f.key in ("b/pipeline", "b/star", "b/auto")]
+    assert shown and all("B 4, calibrated fan-out" in f.what for f in shown)
+    assert all(f.value == report.NOT_MEASURED or f.sample.endswith("; B 4, calibrated fan-out") for f in shown)
+    assert any(f.value != report.NOT_MEASURED for f in shown)
+
+
 def with_hits(path, hit_rate: float) -> None:
     with open(path) as f:
         result = json.load(f)

@@ -109,7 +109,7 @@ def ratio(sources, prompts, precision, key, what, over: tuple, under: tuple,
     candidates = []
     for s in sources:
         rows = at_b1(s, prompts, precision)
-        if rows is None or measure not in rows or any(s.settings.get(k) != v for k, v in settings.items()):
+        if rows is None or measure not in rows or not _at(s, settings):
             continue
         for a in over:
             for b in (b for b in under if {a, b} <= set(rows["label"])):
@@ -177,7 +177,7 @@ def _hit_rows(s: Source, prompts, precision, fan_out) -> pd.DataFrame | None:
     if s.kind == HIT_RATES:  # a sweep: every strategy at every B from one run per prompt
         f = s.frame
         return f[(f["prompts"] == prompts) & (f["strategy"] == fan_out) & (f["budget"] == HIT_BUDGET)]
-    if s.settings.get("fan_out") != fan_out or s.settings.get("budget") != HIT_BUDGET:
+    if not _at(s, {"budget": HIT_BUDGET, "fan_out": fan_out}):
         return None
     rows = at_b1(s, prompts, precision)
     if rows is None or "hit_rate" not in rows:
@@ -230,15 +230,24 @@ def batch_figures(sources, prompts, precision) -> list[Figure]:
     total tokens/s, the crossover b* of the two backups, the backup on auto over the better fixed one."""
     tables = [(s, by_batch_size(s.frame[s.frame["prompts"] == prompts])) for s in sources
               if s.kind == CALLS and s.precision == precision and (s.frame["prompts"] == prompts).any()]
+    # The pipeline's rows, like its ratio rows, read only a study run at PIPELINE_SETTINGS: its B and fan-out move
+    # its speed, and so the batch sizes it breaks even and crosses over at.
+    piped = [(s, t) for s, t in tables if _at(s, PIPELINE_SETTINGS)]
+    at = f", {_setting_words(PIPELINE_SETTINGS)}"
     return [_batch(tables, prompts, "b/sd", "SD's break-even b against batched AR", lambda t: {"sd", "ar"},
                    lambda t: _break_even(t, "sd")),
-            _batch(tables, prompts, "b/pipeline", "the pipeline's break-even b against batched AR",
+            _batch(piped, prompts, "b/pipeline", f"the pipeline's break-even b against batched AR{at}",
                    lambda t: {_pipeline(t), "ar"}, lambda t: _break_even(t, _pipeline(t))),
-            _batch(tables, prompts, "b/star", "the backups' crossover b* (fast reaches jit)",
+            _batch(piped, prompts, "b/star", f"the backups' crossover b* (fast reaches jit){at}",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast"}, _crossover),
-            _batch(tables, prompts, "b/auto",
-                   "the backup on auto over the better fixed one, by the batch's decode tokens/s",
+            _batch(piped, prompts, "b/auto",
+                   f"the backup on auto over the better fixed one{at}, by the batch's decode tokens/s",
                    lambda t: {"ssd-pipeline:jit", "ssd-pipeline:fast", "ssd-pipeline:auto"}, _auto)]
+
+
+def _at(s: Source, settings: dict) -> bool:
+    """Whether the source ran at these settings (each recorded and equal)."""
+    return all(s.settings.get(k) == v for k, v in settings.items())
 
 
 def _pipeline(t: pd.DataFrame) -> str | None:
