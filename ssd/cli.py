@@ -29,8 +29,7 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
     p.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how both models' forwards run; "
                    "compiled: torch.compile, the decoder compiled at its first decoding step (the offline pair: "
                    "about 2 minutes on 2 CPU cores the first time, 40 s in a later process, which reads the user "
-                   "cache); "
-                   "eager (the default) is the exact reference")
+                   "cache); eager (the default) is the exact reference")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
