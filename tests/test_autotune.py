@@ -9,7 +9,7 @@ import torch
 from ssd.bench import frames
 from ssd.bench import run as bench
 from ssd.bench import machines, records
-from ssd.analysis import experiments, plots, style
+from ssd.analysis import experiments, plots, stored_files, style
 from ssd.core import tuning
 from ssd.checks import parse_methods, parse_variant
 from ssd.cli import main
@@ -292,13 +292,15 @@ def stored_bench(pair, **precision) -> dict:
 
 def test_a_stored_bench_is_used_only_for_its_own_pair(tmp_path, pair):
     path = tmp_path / "bench.json"
-    assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+    assert stored_files.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
     path.write_text(json.dumps(stored_bench(pair)))
-    assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)["source"] == str(path)
-    assert records.stored(str(path), pair)["source"] == str(path) and records.stored(str(tmp_path / "none.json"), pair) is None
+    shown = stored_files.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False)
+    assert shown["source"].name == path.name  # the file as the report reads it (a Source)
+    assert stored_files.stored_bench(str(path), pair)["source"].name == path.name
+    assert stored_files.stored_bench(str(tmp_path / "none.json"), pair) is None
     path.write_text(json.dumps(stored_bench(pair) | {"args": {"pair": "another"}}))
-    assert records.stored(str(path), pair) is None  # measured on another pair: not this one's
-    assert "not on" in records.not_stored_line(str(path), pair)
+    assert stored_files.stored_bench(str(path), pair) is None  # measured on another pair: not this one's
+    assert "not on" in stored_files.not_stored_line(str(path), pair)
 
 
 def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_auto(tmp_path, pair):
@@ -307,13 +309,13 @@ def test_a_stored_bench_is_recognised_by_its_precisions_not_by_the_timings_of_au
     other_timings = {"reason": "auto: target float32 (float32 1013 ms, bfloat16 1467 ms)",
                      "measured_ms": {"target": {"float32": 1013.2, "bfloat16": 1467.5}, "draft": {"float32": 210.7}}}
     path.write_text(json.dumps(stored_bench(pair, **other_timings)))
-    found = records.stored(str(path), pair)
-    assert found["source"] == str(path) and found["elsewhere"] is None  # this kind of machine: no note
+    found = stored_files.stored_bench(str(path), pair)
+    assert found["source"].name == path.name and found["elsewhere"] is None  # this kind of machine: no note
     for role in ("target", "draft"):
         path.write_text(json.dumps(stored_bench(pair, **{role: "int8"})))
-        assert records.stored(str(path), pair) is None, role  # another precision: another model's numbers
-        assert records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
-        assert f"{role} int8" in records.not_stored_line(str(path), pair)
+        assert stored_files.stored_bench(str(path), pair) is None, role  # another precision: another model's numbers
+        assert stored_files.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=False) is None
+        assert f"{role} int8" in stored_files.not_stored_line(str(path), pair)
 
 
 def test_a_stored_bench_answers_only_for_the_forwards_it_ran_on(tmp_path, pair):
@@ -321,10 +323,12 @@ def test_a_stored_bench_answers_only_for_the_forwards_it_ran_on(tmp_path, pair):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(stored_bench(pair)))
     compiled = dataclasses.replace(pair, forward="compiled")
-    assert records.stored(str(path), pair)["source"] == str(path) and records.stored(str(path), compiled) is None
+    assert stored_files.stored_bench(str(path), pair)["source"].name == path.name
+    assert stored_files.stored_bench(str(path), compiled) is None
     path.write_text(json.dumps(stored_bench(pair) | {"forward": "compiled"}))
-    assert records.stored(str(path), compiled)["elsewhere"] is None and records.stored(str(path), pair) is None
-    note = records.stored(str(path), pair, other_precisions=True)["elsewhere"]
+    assert stored_files.stored_bench(str(path), compiled)["elsewhere"] is None
+    assert stored_files.stored_bench(str(path), pair) is None
+    note = stored_files.stored_bench(str(path), pair, other_precisions=True)["elsewhere"]
     assert "with compiled forwards (this pair here: eager)" in note
 
 
@@ -337,14 +341,16 @@ def test_a_bench_stored_on_another_kind_of_machine_is_shown_with_a_note(tmp_path
     cap = here | {"isa": isa, "flags": flags, "cores": 64}
     result["environment"] |= {"capability": cap, "cpu_count": 64, "date": "2020-01-01T00:00:00+00:00"}
     path.write_text(json.dumps(result))
-    note = records.stored(str(path), pair)["elsewhere"]
+    note = stored_files.stored_bench(str(path), pair)["elsewhere"]
     assert "another kind of machine" in note and f"{isa} ({', '.join(flags)})" in note and "\n" not in note
     result["environment"] = stored_bench(pair)["environment"] | {"cpu_count": 64, "date": "2020-01-01T00:00:00+00:00",
                                                                  "torch_threads": 7}
     path.write_text(json.dumps(result))
-    assert records.stored(str(path), pair)["elsewhere"] is None  # dates, threads and core counts do not make a kind
+    # dates, threads and core counts do not make a kind
+    assert stored_files.stored_bench(str(path), pair)["elsewhere"] is None
     path.write_text(json.dumps({k: v for k, v in result.items() if k != "environment"}))
-    assert "did not record" in records.stored(str(path), pair)["elsewhere"]  # stored before environments were
+    # stored before environments were
+    assert "did not record" in stored_files.stored_bench(str(path), pair)["elsewhere"]
     kind = machine_kind("cpu")
     assert kind_of(records.environment("cpu")) == kind and kind_line(kind_of({"device": "cuda:0",
                                                                              "device_name": "NVIDIA H200"})) == "NVIDIA H200"
@@ -355,32 +361,33 @@ def test_a_bench_at_other_precisions_is_shown_only_where_asked_and_says_at_which
     path = tmp_path / "bench.json"
     other = "bfloat16" if pair.precisions.target != "bfloat16" else "float16"
     path.write_text(json.dumps(stored_bench(pair, target=other)))
-    assert records.stored(str(path), pair) is None  # by default another precision is another model's numbers
-    found = records.stored(str(path), pair, other_precisions=True)
-    assert found["source"] == str(path) and f"at target {other}, draft {pair.precisions.draft}" in found["elsewhere"]
+    assert stored_files.stored_bench(str(path), pair) is None  # by default another precision is another model's numbers
+    found = stored_files.stored_bench(str(path), pair, other_precisions=True)
+    assert found["source"].name == path.name
+    assert f"at target {other}, draft {pair.precisions.draft}" in found["elsewhere"]
     assert "another kind of machine" not in found["elsewhere"] and "\n" not in found["elsewhere"]
-    shown = records.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=True,
+    shown = stored_files.stored_or_run(str(path), pair, [], ["ar"], DecodeConfig(), measure_missing=True,
                                   other_precisions=True)
-    assert shown["source"] == str(path)  # shown as stored, not measured
+    assert shown["source"].name == path.name  # shown as stored, not measured
     path.write_text(json.dumps(stored_bench(pair, target=other) | {"args": {"pair": "another"}}))
-    assert records.stored(str(path), pair, other_precisions=True) is None  # another pair is never shown
+    assert stored_files.stored_bench(str(path), pair, other_precisions=True) is None  # another pair is never shown
 
 
 def test_the_machine_whose_benches_are_shown_is_named_or_the_nearest_that_has_them(tmp_path, pair):
     root = tmp_path / "data"
     here = machines.this_machine()
-    assert records.machine_to_show(str(root), "nearest", having="b.json") is None  # nothing stored: none
+    assert stored_files.machine_to_show(str(root), "nearest", having="b.json") is None  # nothing stored: none
     for name, env in (("intel-xeon-amx", AMX_ENVIRONMENT), (here, records.environment("cpu"))):
         (root / name).mkdir(parents=True, exist_ok=True)  # one folder where this machine is the AMX one
         (root / name / "a.json").write_text(json.dumps(stored_bench(pair) | {"environment": env}))
     (root / "intel-xeon-amx" / "b.json").write_text("{}")
     if here != "intel-xeon-amx":
-        assert records.machine_to_show(str(root), "nearest", having="b.json") == "intel-xeon-amx"
-    assert records.machine_to_show(str(root), "nearest", having="a.json") == here  # this kind's own first
-    assert records.machine_to_show(str(root), "here") == here
-    assert records.machine_to_show(str(root), "intel-xeon-amx") == "intel-xeon-amx"
+        assert stored_files.machine_to_show(str(root), "nearest", having="b.json") == "intel-xeon-amx"
+    assert stored_files.machine_to_show(str(root), "nearest", having="a.json") == here  # this kind's own first
+    assert stored_files.machine_to_show(str(root), "here") == here
+    assert stored_files.machine_to_show(str(root), "intel-xeon-amx") == "intel-xeon-amx"
     with pytest.raises(ValueError, match="machine must be 'nearest', 'here' or a stored machine"):
-        records.machine_to_show(str(root), "mars")
+        stored_files.machine_to_show(str(root), "mars")
 
 
 def test_a_stored_bench_is_priced_on_the_profile_of_its_own_machine(tmp_path, pair):
@@ -388,7 +395,7 @@ def test_a_stored_bench_is_priced_on_the_profile_of_its_own_machine(tmp_path, pa
     (folder / "profiles").mkdir(parents=True)
     bench = stored_bench(pair) | {"environment": AMX_ENVIRONMENT,
                                   "args": {"pair": pair.name, "verifier_cores": "0", "drafter_cores": "1"}}
-    assert records.profile_of(bench, str(folder)) is None  # the folder keeps none
+    assert stored_files.profile_of(bench, str(folder)) is None  # the folder keeps none
     profile = toy_profile()
     profile.pair, profile.capability = pair.name, AMX_ENVIRONMENT["capability"]
     profile.precisions = pair.precisions.as_dict()
@@ -397,12 +404,12 @@ def test_a_stored_bench_is_priced_on_the_profile_of_its_own_machine(tmp_path, pa
                           ("here.json", {"capability": records.environment("cpu")["capability"]}),
                           ("amx.json", {})):
         (folder / "profiles" / name).write_text(json.dumps(profile.to_dict() | changed))
-    found = records.profile_of(bench, str(folder))
+    found = stored_files.profile_of(bench, str(folder))
     assert found is not None and found.batch_size == 1 and found.drafter_cores == [1]
     assert found.capability == AMX_ENVIRONMENT["capability"]  # the bench's kind of machine, not this one's
     draft = "int8" if pair.precisions.draft != "int8" else "float32"
     other = bench | {"precision": bench["precision"] | {"draft": draft}}
-    assert records.profile_of(other, str(folder)) is None  # another precision: another profile
+    assert stored_files.profile_of(other, str(folder)) is None  # another precision: another profile
 
 
 def test_the_rounds_a_tuner_learns_from_are_read_where_stored(tmp_path, pair):
@@ -413,13 +420,15 @@ def test_the_rounds_a_tuner_learns_from_are_read_where_stored(tmp_path, pair):
     assert experiments.calibrator_from(rounds).tested == 4 + 3 + 4  # accepted, plus the rejected one where k < K
 
 
-def test_a_result_line_names_where_a_shown_bench_was_measured(pair):
-    result = stored_bench(pair) | {"source": "data/x/bench.json", "elsewhere": "measured on another kind"}
+def test_a_result_line_names_where_a_shown_bench_was_measured(pair, tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(stored_bench(pair)))
+    result = stored_files.stored_bench(str(path), pair) | {"elsewhere": "measured on another kind"}
     line = style.result_line(result, pair, "Intel Xeon, AVX512")
     assert line.startswith(f"Intel Xeon, AVX512 · target {pair.precisions.target}, draft {pair.precisions.draft}")
     assert line.endswith("stored, not measured here")
     assert style.result_line(result | {"elsewhere": None}, pair, "Intel").endswith("stored, on this kind of machine")
-    assert style.result_line(result | {"source": "measured here"}, pair, "Intel") == style.pair_line(pair)
+    assert style.result_line(result | {"source": None}, pair, "Intel") == style.pair_line(pair)  # measured here
 
 
 def test_a_bench_summarises_each_variant_from_its_own_rounds(pair):

@@ -187,7 +187,8 @@ def test_a_notebooks_bench_is_kept_as_the_bench_command_keeps_one(tmp_path):
     """What notebook 05 keeps for the user's page reads back as a stored bench does (rows, summary, this pair at these
     precisions on this kind of machine), names its settings as the command line does, and leaves the result whole."""
     from ssd.bench.prompts import load_prompts
-    from ssd.bench.records import load_rows, stored
+    from ssd.analysis.stored_files import stored_bench
+    from ssd.bench.records import load_rows
     from ssd.bench.run import run_bench
     from ssd.core.speculation import SSDConfig
     from ssd.course import measured
@@ -205,7 +206,7 @@ def test_a_notebooks_bench_is_kept_as_the_bench_command_keeps_one(tmp_path):
     named = {"methods": "ar,sd", "fan_out": "uniform", "k": 2, "budget": 2, "pair": "tiny", "prompts": "humaneval[0:1]"}
     assert saved["args"] | named == saved["args"]
     assert list(load_rows(path).method.unique()) == ["ar", "sd"]
-    assert stored(path, pair)["elsewhere"] is None
+    assert stored_bench(path, pair)["elsewhere"] is None
     assert os.listdir(tmp_path / "results") == ["pipeline_b1.json"]  # no temporary file left beside it
     with pytest.raises(ValueError, match="path must end in .json"):
         measured.save_bench(str(tmp_path / "bench.csv"), result, pair, config, **settings)

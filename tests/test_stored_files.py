@@ -106,3 +106,24 @@ def test_one_record_type_holds_a_stored_file_for_the_report_and_the_notebooks():
     assert found == ["sources.py:Source"], found
     data = str(pathlib.Path(ssd.__file__).parent.parent / "data")
     assert isinstance(stored_files.stored(data, "intel-xeon-amx/saguaro.csv"), sources.Source)
+
+
+def test_a_bench_a_notebook_shows_is_read_as_the_report_reads_it():
+    """One reader: stored_bench's source is the Source the report's folder reader makes of the same file (its
+    precision, forward, settings, date and commit from data/index.csv, machine), rows included."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ssd.models.auto_precision import Precisions
+
+    path = "data/amd-epyc-avx512-bf16/llamacpp_humaneval.json"
+    pair = SimpleNamespace(name="qwen2.5-coder", precisions=Precisions("bfloat16", "int8", "stub"), forward="eager",
+                           target=SimpleNamespace(device=torch.device("cpu")))
+    shown = stored_files.stored_bench(path, pair, other_precisions=True)["source"]
+    read = next(s for s in sources.read_folder("data/amd-epyc-avx512-bf16")
+                if s.name == "llamacpp_humaneval.json" and s.kind == sources.BENCH)
+    fields = ("name", "kind", "precision", "auto", "settings", "date", "commit", "forward", "machine")
+    assert [getattr(shown, f) for f in fields] == [getattr(read, f) for f in fields]
+    pd.testing.assert_frame_equal(shown.frame, read.frame)
+    assert shown.commit != sources.UNKNOWN and str(shown).startswith("amd-epyc-avx512-bf16/llamacpp_humaneval.json")

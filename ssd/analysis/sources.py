@@ -132,19 +132,40 @@ def _from_json(path: str, index: dict) -> list[Source]:
     return []
 
 
+def bench_source(path: str, result: dict | None = None) -> Source:
+    """One bench JSON (``python -m ssd bench --json``, a notebook's kept bench) as the report reads it from a folder:
+    its machine the folder it lies in, its date and commit from data/index.csv where that lists it, else from its own
+    environment. result: the file's JSON where the caller has read it already."""
+    if result is None:
+        with open(path) as f:
+            result = json.load(f)
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    rows = pd.DataFrame(result.get("rows") or [])
+    frame = _bench_rows(rows, name) if "prompt_id" in rows else rows
+    return Source(name, BENCH, frame, **_bench_record(result, _index(folder), name),
+                  machine=os.path.basename(folder))
+
+
+def _bench_record(result: dict, index: dict, name: str) -> dict:
+    """What a bench's JSON says of itself, as Source's fields: its precisions, settings, date, commit, forward."""
+    precision = result.get("precision") or {}
+    args, environment = result.get("args", {}), result.get("environment", {})
+    date, commit = _stamp(name, index, environment)
+    settings = {key: args.get(key) for key in ("pair", "k", "temperature", "max_new_tokens", "budget", "fan_out")}
+    settings |= {"device": environment.get("device_name") or environment.get("device"),
+                 "cores": (environment.get("capability") or {}).get("cores")}
+    # a bench stored before forwards were recorded ran eager
+    forward = result.get("forward") or args.get("forward") or "eager"
+    return dict(precision=(precision.get("target"), precision.get("draft")), settings=settings, date=date,
+                commit=commit, auto=str(precision.get("reason", "")).startswith("auto"), forward=forward)
+
+
 def _from_bench(name: str, result: dict, index: dict, indexed: str | None = None) -> list[Source]:
     rows = pd.DataFrame(result["rows"])
     if rows.empty or "prompt_id" not in rows:
         return []
-    precision = result.get("precision") or {}
-    args, environment = result.get("args", {}), result.get("environment", {})
-    date, commit = _stamp(indexed or name, index, environment)
-    settings = {key: args.get(key) for key in ("pair", "k", "temperature", "max_new_tokens", "budget", "fan_out")}
-    settings |= {"device": environment.get("device_name") or environment.get("device"),
-                 "cores": (environment.get("capability") or {}).get("cores")}
-    common = dict(precision=(precision.get("target"), precision.get("draft")), settings=settings, date=date,
-                  commit=commit, auto=str(precision.get("reason", "")).startswith("auto"),
-                  forward=args.get("forward") or "eager")
+    common = _bench_record(result, index, indexed or name)
     out = [Source(name, BENCH, _bench_rows(rows, name), **common)]
     if rows.get("batch_size", pd.Series([1])).fillna(1).nunique() > 1 and "call" in rows:
         sets = rows["prompt_id"].map(prompt_set).unique()

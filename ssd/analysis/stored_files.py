@@ -7,18 +7,30 @@ notebook 06 come from several.
 The precision is read from the index, else from the table's own target_dtype/draft_dtype columns, else from what the
 caller says (a file stored before the kit recorded precisions); where two of those disagree, or none says, this fails
 rather than caption a figure with a guess.
+
+A stored bench a notebook shows (``stored``, ``stored_or_run``) is read by the report's own reader
+(``sources.bench_source``) and answers only for the pair, precisions and forward it ran (``other_precisions``: this
+pair at others, said so), from this kind of machine's folder or the nearest stored one's (``machine_to_show``), with
+the profile of the machine that measured it (``profile_of``).
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import pandas as pd
 
 from ..bench import machines
 from ..bench.profile import load as load_profile
+from ..bench.run import run_bench
+from ..core.decoding import DecodeConfig
+from ..core.latencies import Profile
+from ..core.tuning import Autotune
+from ..models.capability import kind_line, kind_of, machine_kind
+from ..models.cores import check_cores
 from ..names import PRECISIONS
-from .sources import TABLE, Source
+from .sources import TABLE, Source, bench_source
 
 
 def _entry(data_dir: str, path: str) -> pd.Series:
@@ -90,3 +102,92 @@ def stored_profiles(data_dir: str, machine: str) -> dict:
         raise ValueError(f"machine must name a folder of {data_dir} with profiles at b = 1; {machine!r} has none")
     profiles.sort(key=lambda p: (p.precisions["target"] != "float32", p.precisions["target"], p.precisions["draft"]))
     return {f"target {p.precisions['target']}, draft {p.precisions['draft']}": p for p in profiles}
+
+
+def stored_bench(path: str, pair, *, other_precisions: bool = False) -> dict | None:
+    """The bench result stored at `path` (``python -m ssd bench --json PATH``) if it exists and was measured on this
+    pair at these precisions (each model's) and forward, with "source": the file as a ``Source`` (its machine, date,
+    commit, settings), and "elsewhere": None where it was measured on this kind of machine
+    (``ssd.models.capability.machine_kind``), else one line saying where; otherwise None. Timings and the auto rule's
+    reason do not count: they never repeat, even on the machine that stored the result.
+    other_precisions: a bench of this pair at other precisions or forwards counts too (a notebook shows another
+    machine's bench where this one has none), its "elsewhere" line naming what it ran at."""
+    if not (path and os.path.exists(path)):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    source = bench_source(path, result)
+    same_precisions = source.precision == (pair.precisions.target, pair.precisions.draft)
+    if source.settings["pair"] != pair.name or not (
+            (same_precisions and source.forward == pair.forward) or other_precisions):
+        return None
+    there, here = kind_of(result.get("environment", {})), machine_kind(pair.target.device)
+    notes = [] if there == here else [f"on another kind of machine ({kind_line(there)}; this one: {kind_line(here)})"]
+    if not same_precisions:
+        notes.append(f"at target {source.target}, draft {source.draft} (this pair here: {pair.precisions.label})")
+    if source.forward != pair.forward:
+        notes.append(f"with {source.forward} forwards (this pair here: {pair.forward})")
+    elsewhere = f"measured {' and '.join(notes)}: shown as stored, not re-measured" if notes else None
+    return result | {"source": source, "elsewhere": elsewhere}
+
+
+def stored_or_run(path: str, pair, prompts, methods: list[str], config: DecodeConfig, *, measure_missing: bool,
+                  progress: bool = True, autotune: Autotune | None = None,
+                  other_precisions: bool = False) -> dict | None:
+    """The bench result stored at `path` if it was measured on this pair at these precisions (``stored_bench``);
+    otherwise, with measure_missing, the same methods run here on `prompts` (not written; the methods on auto with the
+    autotune), and without it None: a notebook at its defaults never re-measures a long bench, it shows the stored
+    one or says how to measure it. A result carries "source": the stored file's ``Source``, or None where it was
+    measured here."""
+    found = stored_bench(path, pair, other_precisions=other_precisions)
+    if found is not None or not measure_missing:
+        return found
+    result = run_bench(pair, prompts, methods, config, progress=progress, autotune=autotune)
+    return result | {"source": None, "elsewhere": None, "precision": pair.precisions.as_dict(),
+                     "forward": pair.forward}
+
+
+def not_stored_line(path: str, pair) -> str:
+    """Why ``stored_bench`` found nothing at `path` for this pair, in one line."""
+    if not (path and os.path.exists(path)):
+        return f"{path}: not measured yet"
+    source = bench_source(path)
+    return (f"{path}: measured on {source.settings['pair']} at target {source.target}, draft {source.draft}, "
+            f"{source.forward} forwards, not on {pair.name} at {pair.precisions.label}, {pair.forward} forwards")
+
+
+def machine_to_show(root: str, machine: str, device="cpu", having: str | None = None) -> str | None:
+    """The folder of `root` (data/<machine>) whose stored benches a notebook shows: `machine` "nearest", this kind of
+    machine's own where its folder holds the file `having`, else the nearest kind whose folder does
+    (``machines.nearest``; None where none does); "here", this machine's folder, whether it holds them or not; or a
+    stored machine's folder by name."""
+    if machine == "nearest":
+        return machines.nearest(machine_kind(device), root, having=having)
+    if machine == "here":
+        return machines.this_machine(device)
+    names = machines.stored_machines(root)
+    if machine not in names:
+        raise ValueError(f"machine must be 'nearest', 'here' or a stored machine of {root} ({', '.join(names)}); "
+                         f"got {machine!r}")
+    return machine
+
+
+def profile_of(result: dict, folder: str) -> Profile | None:
+    """The profile kept in `folder` (data/<machine>, its profiles/) for what a stored bench `result` ran: its pair, its
+    precisions, its ranks' cores, at b = 1, on its kind of machine. A prediction drawn beside that bench is priced on
+    it, so that predicted and measured are of one machine; None where the folder keeps none."""
+    args, precision = result.get("args", {}), result.get("precision") or {}
+    kind = kind_of(result.get("environment", {}))
+    for path in sorted(glob.glob(os.path.join(folder, "profiles", "*.json"))):
+        try:
+            profile = load_profile(path)
+        except (ValueError, TypeError, KeyError):
+            continue  # not a profile
+        if (profile.pair == args.get("pair") and profile.batch_size == 1
+                and (profile.precisions.get("target"), profile.precisions.get("draft"))
+                == (precision.get("target"), precision.get("draft"))
+                and profile.verifier_cores == check_cores(args.get("verifier_cores", "0"), "verifier_cores")
+                and profile.drafter_cores == check_cores(args.get("drafter_cores", "1"), "drafter_cores")
+                and kind_of({"device": "cpu", "capability": profile.capability}) == kind):
+            return profile
+    return None

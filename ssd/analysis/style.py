@@ -189,13 +189,14 @@ def pair_line(pair) -> str:
 
 
 def result_line(result: dict, pair, machine: str) -> str:
-    """``setting_line`` for a bench result a notebook shows (``ssd.bench.records.stored_or_run``): ``pair_line`` where
-    this process measured it; else the stored machine (`machine`, its words: ``ssd.bench.machines.describe``) at the
-    precisions the bench ran at, saying where it was not measured on this kind of machine."""
-    if result["source"] == "measured here":
+    """``setting_line`` for a bench result a notebook shows (``ssd.analysis.stored_files.stored_or_run``):
+    ``pair_line`` where this process measured it (no source); else the stored machine (`machine`, its words:
+    ``ssd.bench.machines.describe``) at the precisions its source ran at, saying where it was not measured on this
+    kind of machine."""
+    source = result["source"]
+    if source is None:
         return pair_line(pair)
-    precision = result["precision"]
-    line = setting_line(machine, precision["target"], precision["draft"])
+    line = setting_line(machine, source.target, source.draft)
     where = "not measured here" if result["elsewhere"] else "on this kind of machine"
     return f"{line} · stored, {where}"
 
