@@ -171,6 +171,8 @@ def test_a_summarys_speed_ups_are_geometric_means_of_per_answer_ratios_with_thei
     assert out["decode_speedup_vs_ar"] == pytest.approx((9 / 0.75 / (9 / 1.5)) ** (1 / 3))
     assert out["speedup_vs_peer"] is None and out["speedup_vs_peer_ci"] is None  # hf-sd did not run
     assert ratios(rows, "ar")["speedup_vs_ar"] == 1.0 and ratios(rows, "ar")["speedup_vs_ar_ci"] is None
+    # rows a caller made by hand, without prompt ids: answers pair by their order within each method
+    assert ratios(rows.drop(columns="prompt_id"), "sd")["speedup_vs_ar"] == pytest.approx(2 ** (1 / 3))
 
 
 def test_every_stored_bench_gives_its_speed_ups_in_the_one_convention():

@@ -157,8 +157,10 @@ def answer_rates(rows: pd.DataFrame) -> pd.DataFrame:
     """Each answer's whole-call and decode tokens/s, the machine's (a batch's call time over its b rows, as
     ``summarize``'s totals): the row's own where it has them (decode over the method's own clock after its prompt's
     pass), else from its tokens and times. Decode is NaN where the answer did not time its prompt's pass, or had no
-    token after it (a short answer whose first round gave it all: no decode to measure, not a rate of zero)."""
+    token after it (a short answer whose first round gave it all: no decode to measure, not a rate of zero). Answers
+    pair by prompt_id, or where rows carry none (a method called by hand) by their order within each method."""
     b = _batch_sizes(rows)
+    answer = rows["prompt_id"] if "prompt_id" in rows else rows.groupby("method").cumcount().astype(str)
     whole = rows["tokens_per_s"] if "tokens_per_s" in rows else rows["new_tokens"] / (rows["wall_s"] / b)
     if "decode_tokens_per_s" in rows:
         decode = rows["decode_tokens_per_s"]
@@ -167,7 +169,7 @@ def answer_rates(rows: pd.DataFrame) -> pd.DataFrame:
         decode = (rows["new_tokens"] - prefill_tokens) / ((rows["wall_s"] - rows["prefill_s"].astype(float)) / b)
     else:
         decode = pd.Series(float("nan"), index=rows.index)
-    return pd.DataFrame({"prompt_id": rows["prompt_id"], "method": rows["method"], "tokens_per_s": whole.astype(float),
+    return pd.DataFrame({"prompt_id": answer, "method": rows["method"], "tokens_per_s": whole.astype(float),
                          "decode_tokens_per_s": decode.astype(float).where(lambda rate: rate > 0)})
 
 
