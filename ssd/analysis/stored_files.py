@@ -8,7 +8,7 @@ The precision is read from the index, else from the table's own target_dtype/dra
 caller says (a file stored before the kit recorded precisions); where two of those disagree, or none says, this fails
 rather than caption a figure with a guess.
 
-A stored bench a notebook shows (``stored``, ``stored_or_run``) is read by the report's own reader
+A stored bench a notebook shows (``stored_bench``, ``stored_or_run``) is read by the report's own reader
 (``sources.bench_source``) and answers only for the pair, precisions and forward it ran (``other_precisions``: this
 pair at others, said so), from this kind of machine's folder or the nearest stored one's (``machine_to_show``), with
 the profile of the machine that measured it (``profile_of``).

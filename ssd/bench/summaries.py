@@ -96,8 +96,9 @@ def summarize(rows: pd.DataFrame, rounds: pd.DataFrame | None = None, profile=No
                 **_differences(g),
             }
         )
+    rates = answer_rates(rows)  # once: every method's ratios pair its answers with another's
     for s in summary:
-        s.update(ratios(rows, s["method"]))
+        s.update(_ratios(rates, s["method"]))
     tps = {s["method"]: s["tokens_per_s"] for s in summary}
     for name in tps:
         if rounds is None or not is_ssd(name):
@@ -130,14 +131,18 @@ def ratios(rows: pd.DataFrame, method: str) -> dict:
     pass apart) and, for another engine's methods, over that engine's AR. Each is the geometric mean over the answers
     both methods gave of the per-answer ratio, with its 95% interval in FIELD_ci (None from fewer than MIN_CI_N
     answers); None where the other method did not run or no answer pairs. AR over itself is 1, no interval."""
+    return _ratios(answer_rates(rows), method)
+
+
+def _ratios(rates: pd.DataFrame, method: str) -> dict:
+    """``ratios`` from each answer's rates (``answer_rates``)."""
     out = {}
     over = {"speedup_vs_ar": ("ar", "tokens_per_s"), "decode_speedup_vs_ar": ("ar", "decode_tokens_per_s"),
             "speedup_vs_peer": (PEERS.get(method), "tokens_per_s")}
     own_ar = ENGINE_AR.get(method)  # another engine's methods, over that engine's AR
-    if own_ar is not None and own_ar != method and own_ar in set(rows["method"]):
+    if own_ar is not None and own_ar != method and own_ar in set(rates["method"]):
         over |= {"speedup_vs_engine_ar": (own_ar, "tokens_per_s"),
                  "decode_speedup_vs_engine_ar": (own_ar, "decode_tokens_per_s")}
-    rates = answer_rates(rows)
     for field, (baseline, value) in over.items():
         ci = _paired_ratio(rates, method, baseline, value)
         out[field], out[f"{field}_ci"] = (None, None) if ci is None else (ci["mean"], _interval(ci))
@@ -149,7 +154,8 @@ def resummarised(result: dict) -> dict:
     they are: each method's ``ratios`` in its summary, the per-category report and the peers. The summary's other
     figures (rates, acceptance, Theorem 7 from rounds a file does not keep) stay as stored."""
     rows = pd.DataFrame(result["rows"])
-    summary = [{**s, **ratios(rows, s["method"])} for s in result["summary"]]
+    rates = answer_rates(rows)
+    summary = [{**s, **_ratios(rates, s["method"])} for s in result["summary"]]
     return {**result, "summary": summary, "categories": by_category(rows), "peers": against_peers(rows)}
 
 
