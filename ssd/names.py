@@ -10,7 +10,7 @@ METHOD_NAMES = ("ar", "sd", "sd-1core", "ssd", "ssd-pipeline", "hf-ar", "hf-sd",
 # The methods of another engine than the kit's PyTorch one (ssd.llamacpp): a target of their own (llama.cpp runs the
 # GGUF weights as they are), so their answers are checked against that engine's AR, named here.
 ENGINE_AR = {"llamacpp-ar": "llamacpp-ar", "llamacpp-sd": "llamacpp-ar"}
-PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
+PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4", "int8w")
 PRECISION_CHOICES = PRECISIONS + ("auto",)
 FORWARDS = ("eager", "compiled")  # how a model's forward runs (ssd.models.forwards); eager is the exact reference
 STRATEGIES = ("uniform", "geometric", "calibrated")

@@ -160,7 +160,8 @@ def test_help_and_argument_errors_answer_before_torch_loads():
     assert lines[2:-1] == ["error: max_new_tokens must be an integer >= 1, got 0",
                            "error: method variant 'sd:k=two': 'two' is neither an integer nor 'auto'",
                            "error: backup must be one of jit, fast, auto; got 'slow'",
-                           "error: target_dtype must be one of float32, bfloat16, float16, int8, int4, auto; got "
+                           "error: target_dtype must be one of float32, bfloat16, float16, int8, int4, int8w, auto; "
+                           "got "
                            "'int3'", "error: forward must be one of eager, compiled; got 'jit'",
                            "error: jobs must be an integer >= 1, got 0", "",
                            "error: --from must be a folder of one machine's bench JSONs, got 'no/such/folder' (no such "

@@ -8,9 +8,10 @@ from ssd.core.decoding import DecodeConfig
 from ssd.core.speculation import SSDConfig
 from ssd.models.capability import unsupported_reason
 from ssd.models import int4, int4_store, loading
-from ssd.models.int4 import GROUP, Int4Linear, RescoredLogits, dequantize, quantize
+from ssd.models.int4 import GROUP, Int4Linear, dequantize, quantize
 from ssd.models.loading import load_pair
 from ssd.models.precision import convert, precision_of, weight_bytes
+from ssd.models.rescored_logits import RescoredLogits
 from ssd.models.tiny import tiny_pair
 from tests import test_models
 
@@ -67,7 +68,7 @@ def test_a_target_rescores_its_best_logits_in_float32_and_a_draft_quantizes_its_
 def test_the_rescored_logits_are_float32_where_they_decide_and_int4_elsewhere():
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 1024, bias=False)
-    layer = RescoredLogits(head)
+    layer = RescoredLogits(head, Int4Linear.from_linear(head)[0])
     hidden = torch.randn(2, 3, 64)
     with torch.no_grad():
         logits, exact = layer(hidden), hidden @ head.weight.t()
@@ -93,9 +94,11 @@ def test_int4_is_a_quarter_of_the_bytes_of_bfloat16_or_less_in_the_decoder():
     assert body4 < 0.35 * body16  # 4 bits a weight, plus a bfloat16 scale and zero per 32
 
 
+@pytest.mark.parametrize("precision", ["int4", "int8w"])  # the weight-only precisions (int8w: ssd.models.int8_weights)
 @pytest.mark.parametrize("method", ["sd", "ssd"])
-def test_every_method_at_int4_reproduces_int4_ar(method):
-    pair = load_pair("tiny", target_dtype="int4", draft_dtype="int4")
+def test_every_method_at_a_weight_only_precision_reproduces_its_own_ar(method, precision):
+    pair = load_pair("tiny", target_dtype=precision, draft_dtype=precision)
+    assert precision_of(pair.target) == precision_of(pair.draft) == precision
     ar, _ = generate_ar(pair, PROMPT, DecodeConfig(max_new_tokens=24), torch.Generator().manual_seed(0))
     config = SSDConfig(k=3, budget=6, max_new_tokens=24) if method == "ssd" else DecodeConfig(k=3, max_new_tokens=24)
     run = generate_ssd if method == "ssd" else generate_sd

@@ -35,12 +35,14 @@ def test_names_and_dtypes_are_accepted():
 
 @pytest.mark.parametrize("bad", ["fp32", "bf16", "", None, torch.int8])
 def test_bad_precision_names_the_parameter_and_the_choices(bad):
-    with pytest.raises(ValueError, match=r"draft_dtype must be one of float32, bfloat16, float16, int8, int4, auto"):
+    choices = "float32, bfloat16, float16, int8, int4, int8w, auto"
+    with pytest.raises(ValueError, match=f"draft_dtype must be one of {choices}"):
         check_precision(bad, "draft_dtype")
 
 
 def test_auto_is_refused_where_a_concrete_precision_is_needed():
-    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, int8, int4; got 'auto'"):
+    choices = "float32, bfloat16, float16, int8, int4, int8w"
+    with pytest.raises(ValueError, match=f"dtype must be one of {choices}; got 'auto'"):
         convert(tiny_pair().draft, "auto")
 
 

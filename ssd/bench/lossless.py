@@ -70,9 +70,9 @@ def sequence_index(tokens, vocab_size) -> int:
 # measured.
 # float32 gets no bound: there the output must be the target's, token for token.
 NEAR_TIE_ULPS = 4
-# int4 (ssd.models.int4): the weights are the same 4 bits in every pass; what a pass rounds differently is its bfloat16
-# activations and the kernel's bfloat16 outputs, as in a bfloat16 model.
-MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "int4": 7}
+# int4 and int8w (ssd.models.int4, ssd.models.int8_weights): the weights are the same bits in every pass; what a pass
+# rounds differently is its bfloat16 activations and the kernel's bfloat16 outputs, as in a bfloat16 model.
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "int4": 7, "int8w": 7}
 
 
 def first_difference(tokens, reference) -> int | None:
@@ -86,7 +86,7 @@ def first_difference(tokens, reference) -> int | None:
 def near_tie_bound(top_logit: float, precision: str) -> float | None:
     """The largest top-2 margin at which the target's greedy choice may flip by rounding at this precision: 0 in
     float32 (no flip is allowed), NEAR_TIE_ULPS units in the last place at the top logit's magnitude in bfloat16,
-    float16 and int4 (bfloat16 activations), None for int8 (activations quantized per call: no rounding bound to
+    float16, int4 and int8w (bfloat16 activations), None for int8 (activations quantized per call: no rounding bound to
     state)."""
     if precision == "float32":
         return 0.0

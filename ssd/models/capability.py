@@ -124,6 +124,8 @@ def unsupported_reason(precision: str, device) -> str | None:
         return "int8 runs on CPUs only (torch's dynamic quantization); use bfloat16 or float16 there"
     if precision == "int4" and device.type != "cpu":
         return "int4 runs on CPUs only (torch's int4 CPU kernel); use bfloat16 or float16 there"
+    if precision == "int8w" and device.type != "cpu":
+        return "int8w runs on CPUs only (torch's weight-only int8 CPU kernel); use bfloat16 or float16 there"
     if precision == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bfloat16 arithmetic (before Ampere); use float16 or float32"
     if precision == "bfloat16" and device.type == "mps" and not _mps_bfloat16():

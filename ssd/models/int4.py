@@ -19,9 +19,7 @@ the same file (its 64 levels) does not fit 16 and moves further; it is requantiz
 largest.
 
 The output layer: a target's is int4 with its 64 best logits a position computed again in float32
-(``RescoredLogits``): the kernel returns bfloat16, whose logits grid turns near-ties into exact ties broken differently
-by a one-token step and a verify pass, and a float32 layer (``ssd.models.precision.FloatLogits``) would cost the
-1.5B target some 40 of its 90 ms a step. A draft's is plain int4 (the draft's logits change only acceptance, never the
+(``ssd.models.rescored_logits``); a draft's is plain int4 (the draft's logits change only acceptance, never the
 output). A layer whose input width is not a multiple of the group, or its output width of 16, stays bfloat16 (a
 target's output layer then float32).
 
@@ -33,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .weight_only import replace_linears
 
 GROUP = 32  # weights per scale and zero: Q4_K's sub-block
 LEVELS = 15  # q in 0..LEVELS
@@ -94,37 +94,6 @@ class Int4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group={GROUP}"
 
 
-class RescoredLogits(torch.nn.Module):
-    """A target's output layer at int4 with float32 logits where they decide: every logit from the int4 layer
-    (bfloat16), then the CANDIDATES largest of each position computed again in float32 from the float32 weights
-    (their rows gathered: 64 x 1536 floats a position, not the whole 151,936-row layer).
-
-    A greedy choice is then FloatLogits' own wherever its token is among the int4 layer's 64 best, and the top two's
-    margin is float32's, so a one-token step and a verify pass break a near-tie as the float32 layer does, not on the
-    bfloat16 grid. The logits outside the candidates stay the int4 layer's: at temperature > 0 this model's
-    distribution is that mixture, the same in every pass and every method, as a target's must be."""
-
-    CANDIDATES = 64
-
-    def __init__(self, head: torch.nn.Linear, levels: Levels | None = None):
-        super().__init__()
-        self.approximate, _ = Int4Linear.from_linear(head, levels)
-        self.register_buffer("exact", head.weight.detach().float())  # [V, hidden]
-        self.register_buffer("exact_bias", head.bias.detach().float() if head.bias is not None else None)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.exact
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.approximate(hidden.to(torch.bfloat16)).float()  # [..., V]
-        top = logits.topk(min(self.CANDIDATES, logits.shape[-1]), dim=-1).indices  # [..., C]
-        exact = (self.exact[top] @ hidden.float()[..., None])[..., 0]  # [..., C]
-        if self.exact_bias is not None:
-            exact = exact + self.exact_bias[top]
-        return logits.scatter(-1, top, exact)
-
-
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] float32 -> (q [out, in] int32 in 0..LEVELS, scales and zeros [in / GROUP, out, 2] bfloat16):
     each group's minimum and maximum span the 16 levels (a Q4_K group's own scale and minimum, where it uses q = 0 and
@@ -160,19 +129,7 @@ def to_int4(model, *, head: bool, levels: dict[str, Levels] | None = None) -> di
     levels: by layer name, each layer's int4 levels from an earlier conversion of the same weights; a layer not in
     it is quantized here and added to it (the caller keeps it: ssd.models.int4_store)."""
     levels = {} if levels is None else levels
-    output = model.get_output_embeddings()
-    if head and output is not None and output.weight is model.get_input_embeddings().weight:
-        output.weight = torch.nn.Parameter(output.weight.detach().clone())  # tied: the embedding's lookup stays
-    moved, kept = [], []
-    for name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if child is output and not head:
-                continue
-            if quantizable(child):
-                layer, move = Int4Linear.from_linear(child, found(levels, f"{name}.{child_name}".lstrip("."), child))
-                setattr(parent, child_name, layer)
-                moved.append(move)
-            elif type(child) is torch.nn.Linear:
-                kept.append(f"{name}.{child_name}".lstrip("."))
+    moved, kept = replace_linears(model, head=head, quantizable=quantizable,
+                                  make=lambda name, layer: Int4Linear.from_linear(layer, found(levels, name, layer)))
     model.to(torch.bfloat16)
     return {"int4_layers": len(moved), "kept_bfloat16": kept, "largest_move": max(moved, default=0.0)}

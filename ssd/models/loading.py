@@ -45,7 +45,8 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers), int4 (CPU: 4-bit weights,
-    ssd.models.int4) or auto, the precision that makes speculation pay on this machine (ssd.models.auto_precision;
+    ssd.models.int4), int8w (CPU: int8 weights, ssd.models.int8_weights) or auto, the precision that makes
+    speculation pay on this machine (ssd.models.auto_precision;
     tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device:
     auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16
     where the GPU lacks it, and on MPS). forward: eager (the exact reference) or compiled (ssd.models.forwards: the

@@ -1,5 +1,5 @@
-"""A model's precision: its names, and converting a model to one (a float dtype with float32 logits, int8, or int4:
-``ssd.models.int4``).
+"""A model's precision: its names, and converting a model to one (a float dtype with float32 logits, int8, or the
+weight-only int4 and int8w: ``ssd.models.int4``, ``ssd.models.int8_weights``).
 What the machine supports is ``ssd.models.capability``; the ``auto`` choice ``ssd.models.auto_precision``.
 
 Precision decides the regime speculation runs in (docs/precision.md, "The regime"). On a CPU a float32 pass over K + 1
@@ -31,9 +31,13 @@ import torch
 
 from ..checks import check_precision_name
 from .capability import check_supported
-from .int4 import Int4Linear, RescoredLogits, found, quantizable, to_int4
+from . import int4, int8_weights
+from .int4 import Int4Linear, found, to_int4
+from .int8_weights import Int8WeightLinear, to_int8_weights
+from .rescored_logits import RescoredLogits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_ONLY = ("int4", "int8w")  # bfloat16 activations, quantized weights: their own kernels, CPU only
 
 
 def check_precision(value, parameter: str = "dtype", allow_auto: bool = True) -> str:
@@ -77,7 +81,7 @@ def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bo
     precision = check_precision(precision, parameter, allow_auto=False)
     if precision == "int8":
         return _quantize(model, parameter)
-    if precision == "int4":
+    if precision in WEIGHT_ONLY:
         check_supported(precision, model.device, parameter)
     int4_levels = {} if int4_levels is None else int4_levels
     head = model.get_output_embeddings()
@@ -89,13 +93,24 @@ def convert(model, precision: str, parameter: str = "dtype", *, float_logits: bo
         model.set_output_embeddings(torch.nn.Identity())  # out of the way of the conversion below
     if precision == "int4":  # a draft's output layer too: it changes only what is accepted (ssd.models.int4)
         model.int4_report = to_int4(model, head=not float_logits, levels=int4_levels)
+    elif precision == "int8w":
+        model.int8w_report = to_int8_weights(model, head=not float_logits)
     else:
         model = model.to(DTYPES[precision])
-    if keep:  # int4: the int4 layer, its best candidates' logits again in float32 (ssd.models.int4)
-        rescored = precision == "int4" and quantizable(head)
-        model.set_output_embeddings(RescoredLogits(head, found(int4_levels, head_name, head)) if rescored
-                                    else FloatLogits(head))
+    if keep:  # weight-only: the reduced layer, its best logits again in float32 (ssd.models.rescored_logits)
+        approximate = _reduced_head(precision, head, int4_levels, head_name)
+        model.set_output_embeddings(RescoredLogits(head, approximate) if approximate is not None else FloatLogits(head))
     return model
+
+
+def _reduced_head(precision: str, head: torch.nn.Linear, int4_levels: dict, head_name: str | None):
+    """A target's output layer at a weight-only precision, or None (a float precision, or a layer the kernel cannot
+    take): its logits then come from a float32 layer."""
+    if precision == "int4" and int4.quantizable(head):
+        return Int4Linear.from_linear(head, found(int4_levels, head_name, head))[0]
+    if precision == "int8w" and int8_weights.quantizable(head):
+        return Int8WeightLinear.from_linear(head)[0]
+    return None
 
 
 def _quantize(model, parameter: str):
@@ -110,11 +125,13 @@ def _quantize(model, parameter: str):
 
 
 def precision_of(model) -> str:
-    """float32 | bfloat16 | float16 | int8, read off the model itself."""
+    """float32 | bfloat16 | float16 | int8 | int4 | int8w, read off the model itself."""
     if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
         return "int8"
     if any(isinstance(m, Int4Linear) for m in model.modules()):
         return "int4"
+    if any(isinstance(m, Int8WeightLinear) for m in model.modules()):
+        return "int8w"
     return check_precision(next(model.parameters()).dtype, "model dtype", allow_auto=False)
 
 
