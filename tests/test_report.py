@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ssd.analysis import report, report_files
+from ssd.analysis import report, report_files, verdicts
 from ssd.analysis.sources import plain, read_folder
 from ssd.bench.machines import DATA
 from ssd.files import KIT_ROOT
@@ -18,6 +18,7 @@ AUTO = {"target": "bfloat16", "draft": "int8", "reason": "auto: target bfloat16 
 EPYC = {"cpu": "AMD EPYC", "isa": "AVX512", "flags": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],
         "native": ["bfloat16"], "cores": 2}  # the kind of machine of data/amd-epyc-avx512-bf16
 FLOAT32 = {"target": "float32", "draft": "float32", "reason": "as asked: target float32, draft float32"}
+INT4 = {"target": "int4", "draft": "int4", "reason": "as asked: target int4, draft int4"}
 
 
 def bench(folder, name, rates: dict, precision=AUTO, date="2026-12-01T00:00:00+00:00", prompts="HumanEval", **args):
@@ -101,6 +102,37 @@ def test_a_file_at_another_precision_or_temperature_is_not_read_for_the_machines
     bench(folder, "sampled.json", {"ar": [1.0] * 8, "sd": [1.2] * 8}, temperature=0.7)
     pg = report.page(str(folder))
     assert pg.precisions == [("bfloat16", "int8")] and figure(pg, "sd/ar").source == "auto.json"
+
+
+def with_graphs(path, made_by_first_prompt: int) -> None:
+    """Record graphs_made in a bench's rows, as a compiled bench does: the first prompt's calls made that many."""
+    with open(path) as f:
+        result = json.load(f)
+    for row in result["rows"]:
+        row["graphs_made"] = made_by_first_prompt if row["prompt_id"].endswith("/0") else 0
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+def test_the_fastest_forwards_are_read_only_where_no_timed_call_made_a_graph(tmp_path):
+    folder = tmp_path / "m"
+    bench(folder, "auto.json", {"ar": [1.0] * 3, "sd": [2.0] * 3})
+    ran = {"ar": [1.0] * 4, "sd": [9.0, 1.5, 1.5, 1.5], "llamacpp-ar": [1.0, 2.0, 2.0, 2.0]}
+    bench(folder, "compiled.json", ran, precision=INT4, forward="compiled")
+    with_graphs(folder / "compiled.json", 2)  # HumanEval/0's calls compiled: it drops out
+    bench(folder, "unrecorded.json", {k: v * 2 for k, v in ran.items()}, precision=INT4, forward="compiled")
+    bench(folder, "eager.json", {k: v * 2 for k, v in ran.items()}, precision=INT4)
+    with_graphs(folder / "eager.json", 0)
+    pg = report.page(str(folder))
+    fast = {f.key: f for f in pg.compiled}
+    # not the file without graphs_made, nor the eager one, though each holds more prompts
+    assert fast["compiled:sd/ar"].source == "compiled.json" and fast["compiled:sd/ar"].sample == "3 prompts"
+    assert fast["compiled:sd/ar"].value == "1.50x" and fast["compiled:sd/llamacpp-ar"].value == "0.75x"
+    page_text = report.markdown(pg)
+    assert "At target int4, draft int4, compiled forwards (" in page_text  # its table, named in the settings line
+    assert "target bfloat16, draft int8; target int4, draft int4, compiled forwards ·" in page_text
+    assert "our SD runs 0.75x llama.cpp's AR" in verdicts.verdict(pg)
+    assert figure(pg, "sd/ar").source == "auto.json"  # the rest of the page stays at auto's precision
 
 
 def test_a_figure_no_file_holds_renders_not_measured(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,11 @@ HIT_BUDGET = 4  # B of the hit-rate figure: the budget the pipeline's benches an
 # The settings every pipeline figure is read at, like for like on every machine (the studies' B and fan-out; the
 # command line's default is B 16 uniform): a file that ran others, or recorded none, is not read for them
 PIPELINE_SETTINGS = {"budget": HIT_BUDGET, "fan_out": "calibrated"}
+# The kit's fastest forwards, shown beside the eager ones at auto's precision (issue 56): both models at the GGUF's
+# 4 bits through compiled forwards. Such a bench is read only where it records that no timed call made a graph
+# (``graphs_made``): a compile inside the clock is not the forward's speed.
+FAST = ("int4", "int4")
+FAST_WORDS = "at int4 with compiled forwards"
 
 
 @dataclass(frozen=True)
@@ -320,13 +325,17 @@ def _numbers(key, what, prompts, ci, s: Source, sample, method, unit) -> Figure:
 
 # ---- one machine's figures ---------------------------------------------------------------------------------------
 
+def held_sets(sources: list[Source]) -> list[str]:
+    """The prompt sets (HumanEval, prose) the folder's files hold, in SETS' order."""
+    return sorted({p for s in sources for p in s.frame.get("prompts", pd.Series(dtype=str)).unique() if p in SETS},
+                  key=list(SETS).index)
+
+
 def figures(sources: list[Source], precision, gpu: bool = False) -> list[Figure]:
     """Every headline figure of one folder at one precision, per prompt set the folder holds (HumanEval, prose). A
     GPU's page (``make gpu-check``'s benches) holds the few its record has: ours against transformers, identity."""
-    held = sorted({p for s in sources for p in s.frame.get("prompts", pd.Series(dtype=str)).unique() if p in SETS},
-                  key=list(SETS).index)
     out = []
-    for p in held:
+    for p in held_sets(sources):
         out += [ratio(sources, p, precision, "sd/ar", "SD over AR", ("sd",), ("ar",))]
         if not gpu:
             out += [ratio(sources, p, precision, "pipeline/sd-1core", "the pipeline over SD on one core (sd-1core)",
@@ -350,6 +359,27 @@ def figures(sources: list[Source], precision, gpu: bool = False) -> list[Figure]
     return out
 
 
+def compiled_sources(sources: list[Source]) -> list[Source]:
+    """The benches at FAST through compiled forwards that record graphs_made, each with only its rows whose timed
+    call made no graph."""
+    return [replace(s, frame=s.frame[s.frame["graphs_made"].fillna(0) == 0]) for s in sources
+            if s.kind == BENCH and s.forward == "compiled" and s.precision == FAST and "graphs_made" in s.frame]
+
+
+def compiled_figures(sources: list[Source]) -> list[Figure]:
+    """The fastest forwards' figures (FAST, compiled) per prompt set: SD over AR, our SD over llama.cpp's AR on the
+    same GGUF files, and greedy identity; [] where no such bench is stored."""
+    fast = compiled_sources(sources)
+    out = []
+    for p in held_sets(fast):
+        out += [ratio(fast, p, FAST, "compiled:sd/ar", f"{FAST_WORDS}: SD over AR", ("sd",), ("ar",)),
+                ratio(fast, p, FAST, "compiled:sd/llamacpp-ar",
+                      f"{FAST_WORDS}: our SD over llama.cpp's AR (its own Q4_K_M target)", ("sd",), ("llamacpp-ar",)),
+                identity(fast, p, FAST, key="compiled:identity",
+                         what=f"{FAST_WORDS}: greedy output identical to AR (answers)")]
+    return out
+
+
 def precisions(sources: list[Source]) -> list[tuple[str, str]]:
     """The precisions a page shows: the one auto picked on the machine (the most benches' where several); where no
     bench ran on auto (a gpu-check record asks for each), every precision a bench ran at."""
@@ -370,9 +400,10 @@ class Page:
     precisions: list
     figures: dict  # precision -> [Figure]
     sources: list
+    compiled: list = field(default_factory=list)  # the fastest forwards' [Figure] (FAST, compiled), where stored
 
     def used(self) -> list[Source]:
-        names = {f.source for fs in self.figures.values() for f in fs}
+        names = {f.source for fs in [*self.figures.values(), self.compiled] for f in fs}
         return [s for s in self.sources if s.name in names]
 
 
@@ -384,7 +415,8 @@ def page(folder: str, machine: str | None = None, words: str | None = None) -> P
     machine = machine or os.path.basename(os.path.normpath(folder))
     gpu = any(s.name.startswith("gpu_") and "#" in s.name for s in sources)
     chosen = precisions(sources)
-    return Page(machine, words or machine, chosen, {p: figures(sources, p, gpu) for p in chosen}, sources)
+    return Page(machine, words or machine, chosen, {p: figures(sources, p, gpu) for p in chosen}, sources,
+                [] if gpu else compiled_figures(sources))
 
 
 def settings_line(pg: Page) -> str:
@@ -399,7 +431,9 @@ def settings_line(pg: Page) -> str:
     cores = values("cores")
     head = f"**{pg.words}**" + (f" ({cores} cores)" if cores and not gpu else f" (host: {cores} CPU cores)"
                                 if cores else "")
-    parts = [head, "; ".join(f"target {t}, draft {d}" for t, d in pg.precisions)]
+    shown = [f"target {t}, draft {d}" for t, d in pg.precisions]
+    shown += [f"target {FAST[0]}, draft {FAST[1]}, compiled forwards"] if _measured(pg.compiled) else []
+    parts = [head, "; ".join(shown)]
     named = {"pair": "pair {}", "k": "K {}", "max_new_tokens": "{} new tokens a prompt"}
     parts += [form.format(values(key)) for key, form in named.items() if values(key)]
     missing = [{"k": "K", "max_new_tokens": "tokens"}.get(key, key) for key in named if not values(key)]
@@ -415,14 +449,25 @@ def markdown(pg: Page, figure_path: str | None = None, heading: str = "##", lead
     for precision in pg.precisions:
         if len(pg.precisions) > 1:
             lines += [f"At target {precision[0]}, draft {precision[1]}:", ""]
-        lines += ["| figure | prompts | value [95% CI] | sample | file |", "|---|---|---|---|---|"]
-        lines += [f"| {f.what} | {SETS[f.prompts]} | {f.cell} | {f.sample or '-'} | "
-                  f"{'`' + f.source + '`' if f.source else '-'} |" for f in pg.figures[precision]]
-        lines.append("")
+        lines += _table(pg.figures[precision])
+    if _measured(pg.compiled):
+        lines += [f"At target {FAST[0]}, draft {FAST[1]}, compiled forwards (`--forward compiled`; a bench counts "
+                  "where it records that no timed call made a graph):", "", *_table(pg.compiled)]
     lines += [NOTE, ""]
     if figure_path:
         lines += [f"![{pg.machine}: the headline ratios with their 95% CIs]({figure_path})", ""]
     return "\n".join(lines)
+
+
+def _measured(shown: list[Figure]) -> bool:
+    return any(f.value != NOT_MEASURED for f in shown)
+
+
+def _table(shown: list[Figure]) -> list[str]:
+    lines = ["| figure | prompts | value [95% CI] | sample | file |", "|---|---|---|---|---|"]
+    lines += [f"| {f.what} | {SETS[f.prompts]} | {f.cell} | {f.sample or '-'} | "
+              f"{'`' + f.source + '`' if f.source else '-'} |" for f in shown]
+    return [*lines, ""]
 
 
 def plot(pg: Page, path: str) -> str:

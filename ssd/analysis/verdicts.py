@@ -6,7 +6,7 @@ where it holds 1; a figure without an interval (fewer than 3 prompts) is given b
 """
 from __future__ import annotations
 
-from .report import NOT_MEASURED, Figure, Page
+from .report import FAST_WORDS, NOT_MEASURED, Figure, Page
 
 # The table's terms, as a newcomer meets them (the README's glossary, under the sentences)
 GLOSSARY = (
@@ -25,14 +25,18 @@ GLOSSARY = (
     ("b*", "the first batch size at which the pipeline's fast backup (on a miss, the draft's next token) reaches "
            "its jit backup (on a miss, a fresh draft); predicted: by Theorem 7 from each b's profile"),
     ("near-tie", "a greedy difference from AR where AR's top two logits lie closer than the precision's rounding"),
+    (FAST_WORDS, "both models' linear layers at the GGUF's 4 bits, their decoders through torch.compile "
+                 "(`--target-dtype int4 --draft-dtype int4 --forward compiled`); every other row at auto's precision, "
+                 "eager"),
 )
 
 
 def verdict(pg: Page) -> str:
     """One sentence of what the page's figures found at its first precision, from SD's pay on each prompt set, the
-    pipeline against SD, and llama.cpp's AR where they were measured; '' where none was."""
-    found = {(f.key, f.prompts): f for f in pg.figures[pg.precisions[0]] if f.value != NOT_MEASURED}
-    clauses = [_sd(found), _pipeline(found), _llamacpp(found)]
+    pipeline against SD, and llama.cpp's AR where they were measured, then at the fastest forwards; '' where none
+    was."""
+    found = {(f.key, f.prompts): f for f in [*pg.figures[pg.precisions[0]], *pg.compiled] if f.value != NOT_MEASURED}
+    clauses = [_sd(found), _pipeline(found), _llamacpp(found), _compiled(found)]
     clauses = [c for c in clauses if c]
     if not clauses:
         return ""
@@ -74,6 +78,13 @@ def _llamacpp(found: dict) -> str:
         return ""
     beyond = (", faster than our SD too" if ours and theirs.mean > ours.mean else "")
     return f"llama.cpp's AR on the same file runs {theirs.value} our AR{beyond}"
+
+
+def _compiled(found: dict) -> str:
+    sd, theirs = found.get(("compiled:sd/ar", "humaneval")), found.get(("compiled:sd/llamacpp-ar", "humaneval"))
+    parts = ([f"SD over AR {word(sd)} on code ({sd.value})"] if sd else []) + (
+        [f"our SD runs {theirs.value} llama.cpp's AR"] if theirs else [])
+    return f"{FAST_WORDS}, " + " and ".join(parts) if parts else ""
 
 
 def glossary_lines() -> list[str]:
