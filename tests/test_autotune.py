@@ -410,6 +410,7 @@ def test_a_stored_bench_is_priced_on_the_profile_of_its_own_machine(tmp_path, pa
     draft = "int8" if pair.precisions.draft != "int8" else "float32"
     other = bench | {"precision": bench["precision"] | {"draft": draft}}
     assert stored_files.profile_of(other, str(folder)) is None  # another precision: another profile
+    assert stored_files.profile_of(bench | {"forward": "compiled"}, str(folder)) is None  # another forward too
 
 
 def test_the_rounds_a_tuner_learns_from_are_read_where_stored(tmp_path, pair):

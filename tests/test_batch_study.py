@@ -2,6 +2,7 @@
 calls, the crossover b*, break-even batch sizes and the auto backup against the fixed ones, on synthetic tables whose
 answers are known; one real (tiny) bench through point_table; and a machine's stored study, from a synthetic bench of
 every b or a sweep table, priced at each b."""
+import dataclasses
 import json
 import math
 
@@ -247,7 +248,8 @@ def test_a_bench_of_every_b_becomes_the_sweeps_table_priced_at_each_b():
 
 
 def test_a_bench_is_priced_only_by_profiles_that_time_what_it_ran(tmp_path):
-    for name, profile in (("b2.json", profile_at(2)), ("bf16_b4.json", profile_at(4, precision="bfloat16"))):
+    for name, profile in (("b2.json", profile_at(2)), ("bf16_b4.json", profile_at(4, precision="bfloat16")),
+                          ("compiled_b8.json", dataclasses.replace(profile_at(8), forward="compiled"))):
         (tmp_path / name).write_text(json.dumps(profile.to_dict()))
     (tmp_path / "bench.json").write_text(json.dumps({"summary": []}))  # not a profile: passed over
     assert sorted(batch_study.batch_profiles(str(tmp_path), profile_at(1))) == [2]

@@ -12,6 +12,7 @@ import torch
 
 from ssd.analysis import engines
 from ssd.bench import profile as kit_profile
+from ssd.bench import summaries
 from ssd.bench.lossless import text_identity
 from ssd.bench.run import _reported
 from ssd.cli import main
@@ -196,6 +197,25 @@ def test_the_regime_table_puts_each_engine_and_core_set_on_a_row_of_its_own():
     assert list(zip(table["engine"], table["threads"])) == [("torch", "target cores [0], draft [0]"),
                                                             ("llama.cpp", "1 thread"), ("llama.cpp", "2 threads")]
     assert table["v"].tolist() == pytest.approx([4.0, 4.0, 3.0]) and table["c"].tolist() == pytest.approx([0.5] * 3)
+    assert table["forward"].tolist() == ["eager", "-", "-"]  # the kit's forward; llama.cpp runs its own
+
+
+def test_a_compiled_profile_is_named_so_beside_its_eager_one():
+    eager = toy_profile("torch", 1)
+    compiled = dataclasses.replace(eager, forward="compiled")
+    assert engines.profile_label(compiled) == engines.profile_label(eager).replace(", target", ", compiled, target")
+    assert "compiled" not in engines.profile_label(dataclasses.replace(toy_profile("llama.cpp", 1), forward="compiled"))
+    assert engines.regimes([eager, compiled], k=4, a=0.8)["forward"].tolist() == ["eager", "compiled"]
+
+
+def test_a_bench_gives_any_two_of_its_methods_as_a_ratio_answer_by_answer():
+    rows = pd.DataFrame([{"method": m, "prompt_id": f"p{i}", "decode_tokens_per_s": v, "tokens_per_s": v}
+                         for m, values in {"sd": [2.0, 3.0, 4.0], "llamacpp-ar": [4.0, 4.0, 4.0]}.items()
+                         for i, v in enumerate(values)])
+    ratio = summaries.paired_ratio(rows, "sd", "llamacpp-ar")
+    assert ratio["n"] == 3 and ratio["mean"] == pytest.approx((0.5 * 0.75 * 1.0) ** (1 / 3))
+    assert ratio["ci_low"] < ratio["mean"] < ratio["ci_high"]
+    assert summaries.paired_ratio(rows, "sd", "ar") is None  # no AR ran: nothing pairs
 
 
 def test_the_study_is_priced_on_llama_cpps_profiles_at_every_b_timed():

@@ -116,6 +116,9 @@ def test_a_profile_at_batch_b_times_every_pass_over_b_rows(pair, monkeypatch, tm
     assert p.batch_size == 3 and all(ms > 0 for curve in (p.target_ms, p.draft_ms, p.glue_ms) for ms in curve.values())
     assert prof.answers_for(p, pair, V, D, batch_size=3, **SMALL) and not prof.answers_for(p, pair, V, D, **SMALL)
     assert "_b3_" in prof.stored_name(p) and "_b" not in prof.stored_name(dataclasses.replace(p, batch_size=1))
+    # a compiled profile sits beside the eager one of the same pair and precisions: eager keeps its name
+    assert prof.stored_name(dataclasses.replace(p, forward="compiled")) == prof.stored_name(p).replace(
+        "_b3_", "_compiled_b3_") and "compiled" not in prof.stored_name(p)
     assert prof.profile_path(pair, V, D, batch_size=3, **SMALL) != prof.profile_path(pair, V, D, **SMALL)
     prof.save(p, tmp_path / "p.json")
     assert prof.load(tmp_path / "p.json").batch_size == 3
@@ -394,8 +397,8 @@ def test_the_stored_regimes_leave_notebook_05_wide_margins():
     compared = 0
     for machine in sorted(os.listdir(root)):
         folder = os.path.join(root, machine, "profiles")
-        kit = [p for p in prof.profiles_in(folder) if p.engine == "torch" and p.batch_size == 1] \
-            if os.path.isdir(folder) else []
+        kit = [p for p in prof.profiles_in(folder) if p.engine == "torch" and p.batch_size == 1
+               and p.forward == "eager"] if os.path.isdir(folder) else []  # notebook 05 runs eager
         by = {p.precisions["draft"]: prof.regime(p) for p in kit}
         if "float32" not in by or len(by) < 2:
             continue

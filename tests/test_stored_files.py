@@ -1,5 +1,6 @@
 """ssd.analysis.stored_files: a stored table names the machine and precisions it was measured at, from data/index.csv,
 its own columns or the caller, and fails where they disagree or none says; style.profiles_line names profiles'."""
+import dataclasses
 import json
 
 import pandas as pd
@@ -73,10 +74,12 @@ def test_stored_profiles_are_the_b1_ones_float32_first(data, tmp_path):
     folder = tmp_path / "box" / "profiles"
     folder.mkdir()
     for name, p in {"a": profile("bfloat16", "int8"), "b": profile("float32", "float32"),
-                    "c": profile("bfloat16", "int8", batch_size=4)}.items():
+                    "c": profile("bfloat16", "int8", batch_size=4),
+                    "d": dataclasses.replace(profile("bfloat16", "int8"), forward="compiled")}.items():
         save(p, folder / f"{name}.json")
     found = stored_files.stored_profiles(data, "box")
-    assert list(found) == ["target float32, draft float32", "target bfloat16, draft int8"]
+    assert list(found) == ["target float32, draft float32", "target bfloat16, draft int8",
+                           "target bfloat16, draft int8, compiled forwards"]  # beside its eager one, not over it
     with pytest.raises(ValueError, match="has none"):
         stored_files.stored_profiles(data, "nowhere")
 

@@ -134,7 +134,7 @@ def batch_profiles(folder: str, like: Profile) -> dict[int, Profile]:
 
 def _timing(profile: Profile) -> tuple:
     """What decides a profile's numbers, its batch size aside."""
-    return (profile.pair, profile.precisions.get("target"), profile.precisions.get("draft"),
+    return (profile.pair, profile.precisions.get("target"), profile.precisions.get("draft"), profile.forward,
             kind_of({"device": "cpu", "capability": profile.capability}), list(profile.verifier_cores),
             list(profile.drafter_cores), profile.context)
 

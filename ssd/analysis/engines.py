@@ -29,6 +29,10 @@ from ..core.theory import sd_from_profile, theorem7_from_profile
 LLAMA_CPP = "llama.cpp"
 BENCH_PREFIX = "llamacpp_"  # data/<machine>/llamacpp_<prompt set>.json: ar, sd, llamacpp-ar, llamacpp-sd side by side
 BENCH_PATTERN = f"{BENCH_PREFIX}*.json"
+# data/<machine>/fastest_<prompt set>.json: the kit at its fastest forwards (int4, compiled: ssd.analysis.report's
+# FAST) beside llama.cpp's AR: ar, sd, sd-1core, ssd-pipeline and llamacpp-ar side by side, with the profile's
+# predictions (issue 56's regime, measured again)
+FASTEST_PREFIX = "fastest_"
 DRIFT_PREFIX = "llamacpp-drift_"  # data/<machine>/llamacpp-drift_<prompt set>.json: python -m ssd llamacpp --drift
 PAYS = 1.1  # a method "pays" on an engine where predicted at least this much over that engine's AR
 
@@ -66,6 +70,12 @@ def load_benches(root: str, machine: str) -> dict[str, dict]:
     return read_by_prompt_set(root, machine, BENCH_PREFIX)
 
 
+def load_fastest(root: str, machine: str) -> dict[str, dict]:
+    """A machine's benches of the kit at its fastest forwards beside llama.cpp's AR, {prompt set: the bench's JSON}
+    ({} where it keeps none)."""
+    return read_by_prompt_set(root, machine, FASTEST_PREFIX)
+
+
 def threads_label(profile: Profile) -> str:
     """How a profile's passes ran: llama.cpp's by threads, the kit's by the cores of each rank."""
     if profile.engine == LLAMA_CPP:
@@ -74,11 +84,20 @@ def threads_label(profile: Profile) -> str:
     return f"target cores {profile.verifier_cores}, draft {profile.drafter_cores}"
 
 
+def profile_label(profile: Profile) -> str:
+    """A profile's curve in a legend: the engine, the precisions, compiled forwards where the kit's ran so, and how its
+    passes ran ('torch bfloat16/int8, target cores [0], draft [1]')."""
+    compiled = ", compiled" if profile.engine != LLAMA_CPP and profile.forward != "eager" else ""
+    return (f"{profile.engine} {profile.precisions['target']}/{profile.precisions['draft']}{compiled}, "
+            f"{threads_label(profile)}")
+
+
 def regimes(profiles: list[Profile], k: int = 4, a: float = 0.8) -> pd.DataFrame:
-    """One row per b = 1 profile: engine, precisions, core set, the one-token step and its memory floor, the verify
-    pass over K + 1, v, the draft step, c, and SD's E / (cK + v) at acceptance a; the kit's first."""
-    rows = [{"engine": p.engine, "threads": threads_label(p), **regime(p, k, a)} for p in profiles
-            if p.batch_size == 1]
+    """One row per b = 1 profile: engine, core set, forward (the kit's eager or compiled; llama.cpp's its own),
+    precisions, the one-token step and its memory floor, the verify pass over K + 1, v, the draft step, c, and SD's
+    E / (cK + v) at acceptance a; the kit's first."""
+    rows = [{"engine": p.engine, "threads": threads_label(p), "forward": p.forward if p.engine == "torch" else "-",
+             **regime(p, k, a)} for p in profiles if p.batch_size == 1]
     frame = pd.DataFrame(rows)
     return frame.sort_values(["engine", "threads"], key=lambda c: c.map({"torch": 0}).fillna(1) if c.name == "engine"
                              else c, kind="stable", ignore_index=True)

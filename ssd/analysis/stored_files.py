@@ -95,13 +95,16 @@ def stored_csv(data_dir: str, path: str, precision: str | None = None) -> tuple[
 
 def stored_profiles(data_dir: str, machine: str) -> dict:
     """The latency profiles at b = 1 kept in data/<machine>/profiles/, by their precisions' label ('target float32,
-    draft float32'), float32 first: what a pass cost on that machine (``ssd.bench.profile.regime``)."""
+    draft float32'; ', compiled forwards' after a compiled one's), float32 first: what a pass cost on that machine
+    (``ssd.bench.profile.regime``)."""
     paths = sorted(glob.glob(os.path.join(data_dir, machine, "profiles", "*.json")))
     profiles = [p for p in map(load_profile, paths) if p.batch_size == 1]
     if not profiles:
         raise ValueError(f"machine must name a folder of {data_dir} with profiles at b = 1; {machine!r} has none")
-    profiles.sort(key=lambda p: (p.precisions["target"] != "float32", p.precisions["target"], p.precisions["draft"]))
-    return {f"target {p.precisions['target']}, draft {p.precisions['draft']}": p for p in profiles}
+    profiles.sort(key=lambda p: (p.precisions["target"] != "float32", p.precisions["target"], p.precisions["draft"],
+                                 p.forward != "eager"))
+    return {f"target {p.precisions['target']}, draft {p.precisions['draft']}"
+            + (f", {p.forward} forwards" if p.forward != "eager" else ""): p for p in profiles}
 
 
 def stored_bench(path: str, pair, *, other_precisions: bool = False) -> dict | None:
@@ -174,8 +177,8 @@ def machine_to_show(root: str, machine: str, device="cpu", having: str | None = 
 
 def profile_of(result: dict, folder: str) -> Profile | None:
     """The profile kept in `folder` (data/<machine>, its profiles/) for what a stored bench `result` ran: its pair, its
-    precisions, its ranks' cores, at b = 1, on its kind of machine. A prediction drawn beside that bench is priced on
-    it, so that predicted and measured are of one machine; None where the folder keeps none."""
+    precisions and forward, its ranks' cores, at b = 1, on its kind of machine. A prediction drawn beside that bench
+    is priced on it, so that predicted and measured are of one machine; None where the folder keeps none."""
     args, precision = result.get("args", {}), result.get("precision") or {}
     kind = kind_of(result.get("environment", {}))
     for path in sorted(glob.glob(os.path.join(folder, "profiles", "*.json"))):
@@ -184,6 +187,7 @@ def profile_of(result: dict, folder: str) -> Profile | None:
         except (ValueError, TypeError, KeyError):
             continue  # not a profile
         if (profile.pair == args.get("pair") and profile.batch_size == 1
+                and profile.forward == (result.get("forward") or args.get("forward") or "eager")
                 and (profile.precisions.get("target"), profile.precisions.get("draft"))
                 == (precision.get("target"), precision.get("draft"))
                 and profile.verifier_cores == check_cores(args.get("verifier_cores", "0"), "verifier_cores")

@@ -179,6 +179,12 @@ def answer_rates(rows: pd.DataFrame) -> pd.DataFrame:
                          "decode_tokens_per_s": decode.astype(float).where(lambda rate: rate > 0)})
 
 
+def paired_ratio(rows: pd.DataFrame, method: str, baseline: str, value: str = "decode_tokens_per_s") -> dict | None:
+    """A bench's rows: one method over another (any two, another engine's AR included) answer by answer, the kit's
+    one convention (``stats.geometric_mean_ci``: mean, ci_low, ci_high, n); None where nothing pairs."""
+    return _paired_ratio(answer_rates(rows), method, baseline, value)
+
+
 def _paired_ratio(rates: pd.DataFrame, method: str, baseline: str | None, value: str) -> dict | None:
     """``stats.geometric_mean_ci`` of method's value over baseline's on the same answers (AR over itself: 1 over its
     answers, no interval); None where nothing pairs."""
