@@ -3,7 +3,7 @@ kernel (``aten._weight_int8pack_mm``), with the rest of the model (embeddings, n
 bfloat16.
 
 Why beside ``int4`` and ``int8``: ``int8`` (torch.ao's dynamic quantization) rounds the activations to int8 too, so a
-model at int8 computes something else than the float model; ``int8w`` keeps the activations bfloat16 and moves each
+model at int8 computes something other than the float model; ``int8w`` keeps the activations bfloat16 and moves each
 weight by at most half its row's step (a 127th of the row's largest), at half of bfloat16's bytes a weight where int4
 reads a quarter with a coarser grid (a weight moved up to 6.4% of its layer's largest, docs/precision.md).
 
