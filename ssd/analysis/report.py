@@ -5,7 +5,8 @@ results table and docs/results.md come from the same pages, so no number a reade
 Which file a figure comes from is decided by the rules in ``pick`` and the figure functions below, never by a file's
 name: among the folder's files at the machine's precision, greedy, the one that ran the figure's methods side by side
 on the most prompts (the most batch sizes, for the batch study), then the newest. A figure no file holds says "not
-measured": a page never carries another machine's number.
+measured": a page never carries another machine's number. Beside them, where the folder keeps such benches, a table of
+the kit's fastest forwards (``FAST`` through compiled forwards), by the same rules.
 """
 from __future__ import annotations
 
