@@ -155,10 +155,14 @@ def _bench_record(result: dict, index: dict, name: str) -> dict:
     settings = {key: args.get(key) for key in ("pair", "k", "temperature", "max_new_tokens", "budget", "fan_out")}
     settings |= {"device": environment.get("device_name") or environment.get("device"),
                  "cores": (environment.get("capability") or {}).get("cores")}
-    # a bench stored before forwards were recorded ran eager
-    forward = result.get("forward") or args.get("forward") or "eager"
     return dict(precision=(precision.get("target"), precision.get("draft")), settings=settings, date=date,
-                commit=commit, auto=str(precision.get("reason", "")).startswith("auto"), forward=forward)
+                commit=commit, auto=str(precision.get("reason", "")).startswith("auto"), forward=bench_forward(result))
+
+
+def bench_forward(result: dict) -> str:
+    """How a bench's JSON says the kit's models ran: eager or compiled (a bench stored before forwards were recorded
+    ran eager)."""
+    return result.get("forward") or result.get("args", {}).get("forward") or "eager"
 
 
 def _from_bench(name: str, result: dict, index: dict, indexed: str | None = None) -> list[Source]:

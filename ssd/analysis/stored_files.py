@@ -30,7 +30,7 @@ from ..core.tuning import Autotune
 from ..models.capability import kind_line, kind_of, machine_kind
 from ..models.cores import check_cores
 from ..names import PRECISIONS
-from .sources import TABLE, Source, bench_source
+from .sources import TABLE, Source, bench_forward, bench_source
 
 
 def _entry(data_dir: str, path: str) -> pd.Series:
@@ -187,7 +187,7 @@ def profile_of(result: dict, folder: str) -> Profile | None:
         except (ValueError, TypeError, KeyError):
             continue  # not a profile
         if (profile.pair == args.get("pair") and profile.batch_size == 1
-                and profile.forward == (result.get("forward") or args.get("forward") or "eager")
+                and profile.forward == bench_forward(result)
                 and (profile.precisions.get("target"), profile.precisions.get("draft"))
                 == (precision.get("target"), precision.get("draft"))
                 and profile.verifier_cores == check_cores(args.get("verifier_cores", "0"), "verifier_cores")

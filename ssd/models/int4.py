@@ -129,7 +129,5 @@ def to_int4(model, *, head: bool, levels: dict[str, Levels] | None = None) -> di
     levels: by layer name, each layer's int4 levels from an earlier conversion of the same weights; a layer not in
     it is quantized here and added to it (the caller keeps it: ssd.models.int4_store)."""
     levels = {} if levels is None else levels
-    moved, kept = replace_linears(model, head=head, quantizable=quantizable,
-                                  make=lambda name, layer: Int4Linear.from_linear(layer, found(levels, name, layer)))
-    model.to(torch.bfloat16)
-    return {"int4_layers": len(moved), "kept_bfloat16": kept, "largest_move": max(moved, default=0.0)}
+    return replace_linears(model, "int4", head=head, quantizable=quantizable,
+                           make=lambda name, layer: Int4Linear.from_linear(layer, found(levels, name, layer)))

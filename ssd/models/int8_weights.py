@@ -74,7 +74,5 @@ def quantizable(layer) -> bool:
 def to_int8_weights(model, *, head: bool) -> dict:
     """The model's linear layers at int8w, in place, and the rest in bfloat16; head: the output layer too (else it is
     left as it is). Returns the report: layers converted, kept, and the largest relative move of a weight."""
-    moved, kept = replace_linears(model, head=head, quantizable=quantizable,
-                                  make=lambda name, layer: Int8WeightLinear.from_linear(layer))
-    model.to(torch.bfloat16)
-    return {"int8w_layers": len(moved), "kept_bfloat16": kept, "largest_move": max(moved, default=0.0)}
+    return replace_linears(model, "int8w", head=head, quantizable=quantizable,
+                           make=lambda name, layer: Int8WeightLinear.from_linear(layer))

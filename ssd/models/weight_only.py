@@ -6,11 +6,11 @@ from typing import Callable
 import torch
 
 
-def replace_linears(model, *, head: bool, quantizable: Callable, make: Callable) -> tuple[list[float], list[str]]:
+def replace_linears(model, precision: str, *, head: bool, quantizable: Callable, make: Callable) -> dict:
     """Every quantizable linear layer of the model replaced, in place, by ``make(name, layer)`` -> (its replacement,
     the largest move of a weight relative to the layer's largest); the output layer too where head (a tied one is
-    copied first, so the input embedding's lookup stays). Returns the moves, and the names of the linear layers kept.
-    The caller then casts the rest of the model."""
+    copied first, so the input embedding's lookup stays); the rest of the model in bfloat16. Returns the report:
+    the layers converted (``<precision>_layers``), those kept, and the largest relative move of a weight."""
     output = model.get_output_embeddings()
     if head and output is not None and output.weight is model.get_input_embeddings().weight:
         output.weight = torch.nn.Parameter(output.weight.detach().clone())
@@ -26,4 +26,5 @@ def replace_linears(model, *, head: bool, quantizable: Callable, make: Callable)
                 moved.append(move)
             elif type(child) is torch.nn.Linear:
                 kept.append(full_name)
-    return moved, kept
+    model.to(torch.bfloat16)
+    return {f"{precision}_layers": len(moved), "kept_bfloat16": kept, "largest_move": max(moved, default=0.0)}
