@@ -6,7 +6,8 @@ loads: every argument error answers at once.
 """
 from __future__ import annotations
 
-from .names import AUTO, BACKUPS, ENGINE_AR, METHOD_NAMES, PAIR_NAMES, PRECISION_CHOICES, PRECISIONS, STRATEGIES
+from .names import (AUTO, BACKUPS, DRAFT_ONLY_PRECISIONS, ENGINE_AR, METHOD_NAMES, PAIR_NAMES, PRECISION_CHOICES,
+                    PRECISIONS, STRATEGIES)
 
 
 def is_auto(value) -> bool:
@@ -33,6 +34,15 @@ def check_method(name: str) -> str:
 
 def check_precision_name(value, parameter: str = "dtype", allow_auto: bool = True) -> str:
     return check_choice(value, parameter, PRECISION_CHOICES if allow_auto else PRECISIONS)
+
+
+def check_target_precision(value: str, parameter: str = "target_dtype") -> str:
+    """A target's precision (a name check_precision_name accepts): a draft's only one fails, saying why."""
+    if value in DRAFT_ONLY_PRECISIONS:
+        allowed = ", ".join(p for p in PRECISION_CHOICES if p not in DRAFT_ONLY_PRECISIONS)
+        raise ValueError(f"{parameter}={value} is a draft's precision only: it rounds a verify pass's tokens on one "
+                         f"scale they share, so no method could reproduce the target's own AR; use {allowed}")
+    return value
 
 
 def check_at_least(value, name: str, least: int = 1) -> int:

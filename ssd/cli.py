@@ -7,8 +7,8 @@ import os
 import sys
 
 from . import checks
-from .names import (AUTO, BACKUPS, DEFAULT_PAIR, FORWARDS, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT, METHOD_NAMES, PAIR_NAMES,
-                    PRECISION_CHOICES, REPORT_DIR, REPORT_OUT, REPORT_SIZES, STRATEGIES)
+from .names import (AUTO, BACKUPS, DEFAULT_PAIR, DRAFT_ONLY_PRECISIONS, FORWARDS, GPU_CHECK_BUDGET_S, GPU_CHECK_OUT,
+                    METHOD_NAMES, PAIR_NAMES, PRECISION_CHOICES, REPORT_DIR, REPORT_OUT, REPORT_SIZES, STRATEGIES)
 
 # Only the names and checks above load with the parser: --help and every argument error answer before torch does.
 # The commands (ssd.commands) import the kit when one runs.
@@ -20,7 +20,8 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
                    f"(default {DEFAULT_PAIR})")
     p.add_argument("--device", default=device, help=f"device of both models: auto (CUDA, else MPS, else the CPU), "
                    f"cpu, cuda, cuda:N or mps (default {device}); on a GPU auto precisions are bfloat16 (MPS: float16)")
-    p.add_argument("--target-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the target's precision; "
+    target_choices = " | ".join(c for c in PRECISION_CHOICES if c not in DRAFT_ONLY_PRECISIONS)
+    p.add_argument("--target-dtype", default="auto", help=f"{target_choices}: the target's precision; "
                    "auto (the default) times the candidates once on this machine and keeps the faster verify pass "
                    "(float32 is the exact reference)")
     p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the draft's precision "
@@ -216,7 +217,7 @@ def check_arguments(args) -> None:
         if args.threads is not None:
             checks.check_at_least(args.threads, "threads")
     if hasattr(args, "target_dtype"):
-        checks.check_precision_name(args.target_dtype, "target_dtype")
+        checks.check_target_precision(checks.check_precision_name(args.target_dtype, "target_dtype"))
         checks.check_precision_name(args.draft_dtype, "draft_dtype")
     if hasattr(args, "forward"):
         checks.check_choice(args.forward, "forward", FORWARDS)

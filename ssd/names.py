@@ -12,6 +12,10 @@ METHOD_NAMES = ("ar", "sd", "sd-1core", "ssd", "ssd-pipeline", "hf-ar", "hf-sd",
 ENGINE_AR = {"llamacpp-ar": "llamacpp-ar", "llamacpp-sd": "llamacpp-ar"}
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4", "int8w")
 PRECISION_CHOICES = PRECISIONS + ("auto",)
+# A draft's only: int8 (torch.ao's dynamic quantization) rounds all the rows of a call on one activation scale, so a
+# verify pass rounds each token on a grid the other tokens set and no method can reproduce the target's own AR
+# (docs/precision.md, "int8 is a draft's precision")
+DRAFT_ONLY_PRECISIONS = ("int8",)
 FORWARDS = ("eager", "compiled")  # how a model's forward runs (ssd.models.forwards); eager is the exact reference
 STRATEGIES = ("uniform", "geometric", "calibrated")
 BACKUPS = ("jit", "fast", "auto")  # auto: the one predicted faster at the batch size (ssd.core.tuning)

@@ -21,6 +21,7 @@ from ssd.bench.prompts import load_prompts, prompt_set
         (["bench", "--methods", "ar,beam"], "method must be one of"),
         (["bench", "--prompts", "mbpp:3"], "prompts must be one of humaneval, prose"),
         (["bench", "--threads", "0"], "threads must be an integer >= 1"),
+        (["bench", "--target-dtype", "int8"], "target_dtype=int8 is a draft's precision only"),
         (["generate", "--prompt", "x", "--pair", "nope"], "pair 'nope' is not known"),
         (["hit-rates", "--saguaro-c", "0.5"], "exact only with --backup jit and --saguaro-c 1"),
         (["hit-rates", "--budgets", "0,x"], "budgets must be comma-separated integers >= 0"),

@@ -104,8 +104,8 @@ def test_int8_on_a_gpu_fails_in_one_line(monkeypatch, two_gpus):
     with pytest.raises(ValueError, match="^draft_dtype=int8 is not supported on cuda: int8 runs on CPUs only"):
         load_pair("tiny", draft_dtype="int8", device="cuda")
     monkeypatch.setattr(ssd.models.devices, "mps_available", lambda: True)
-    with pytest.raises(ValueError, match="^target_dtype=int8 is not supported on mps"):
-        load_pair("tiny", target_dtype="int8", device="mps")
+    with pytest.raises(ValueError, match="^draft_dtype=int8 is not supported on mps"):
+        load_pair("tiny", draft_dtype="int8", device="mps")
 
 
 # ---- the pipeline's second device ----------------------------------------------------------------------------------

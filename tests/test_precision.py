@@ -9,6 +9,7 @@ from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
 from ssd.bench.lossless import first_difference, identity_report, near_tie_bound
 from ssd.models.loading import load_pair
 from ssd.models.tiny import tiny_pair
+from ssd.models.shapes import random_pair
 from ssd.models.auto_precision import Precisions, candidates, choose
 from ssd.models.capability import supported
 from ssd.models.precision import check_precision, convert, precision_of, weight_bytes
@@ -49,8 +50,33 @@ def test_auto_is_refused_where_a_concrete_precision_is_needed():
 def test_int8_is_cpu_only(monkeypatch):
     assert supported("int8", "cpu") and not supported("int8", "cuda") and not supported("int8", "mps")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the message, not a GPU, is what is tested
-    with pytest.raises(ValueError, match="target_dtype=int8 is not supported on cuda: int8 runs on CPUs only"):
-        load_pair("tiny", target_dtype="int8", device="cuda")
+    with pytest.raises(ValueError, match="draft_dtype=int8 is not supported on cuda: int8 runs on CPUs only"):
+        load_pair("tiny", draft_dtype="int8", device="cuda")
+
+
+def test_int8_rounds_a_row_on_a_scale_the_other_rows_set():
+    """Why int8 is a draft's precision only: torch.ao's dynamic quantization takes one activation scale per call, so
+    a token's row comes out otherwise in a verify pass (beside a larger row) than in a one-token step."""
+    torch.manual_seed(0)
+    layer = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)), {torch.nn.Linear},
+                                                   dtype=torch.qint8)
+    small, large = torch.randn(1, 64), 100 * torch.randn(1, 64)
+    alone, beside = layer(small), layer(torch.cat([small, large]))[:1]
+    assert not torch.equal(alone, beside)
+    assert (alone - beside).abs().max() > 0.01 * alone.abs().max()  # a grid 100 times coarser, not last-bit noise
+
+
+def test_a_target_at_int8_fails_before_any_model_loads(monkeypatch):
+    allowed = "float32, bfloat16, float16, int4, int8w, auto"
+    message = (r"^target_dtype=int8 is a draft's precision only: it rounds a verify pass's tokens on one scale they "
+               rf"share, so no method could reproduce the target's own AR; use {allowed}$")
+    with monkeypatch.context() as patched:
+        patched.setattr(models, "tiny_pair", lambda *a, **k: pytest.fail("a model was built"))
+        with pytest.raises(ValueError, match=message):
+            load_pair("tiny", target_dtype="int8")
+        with pytest.raises(ValueError, match=message):
+            random_pair(target_dtype="int8")
+    assert precision_of(load_pair("tiny", target_dtype="float32", draft_dtype="int8").draft) == "int8"  # a draft may
 
 
 # ---- conversion ----------------------------------------------------------------------------------------------------

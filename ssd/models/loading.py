@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .devices import resolve_device
+from ..checks import check_target_precision
 from ..files import cache_dir, cache_lock
 from .gguf_store import GGUFSpec, chunks, ensure_all_cached, ensure_cached, log, transformers_bars
 from .kernels import choose as choose_library
@@ -44,9 +45,9 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
               progress=True) -> Pair:
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
 
-    target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU: int8 linear layers), int4 (CPU: 4-bit weights,
-    ssd.models.int4), int8w (CPU: int8 weights, ssd.models.int8_weights) or auto, the precision that makes
-    speculation pay on this machine (ssd.models.auto_precision;
+    target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU, a draft's only: int8 linear layers), int4 (CPU:
+    4-bit weights, ssd.models.int4), int8w (CPU: int8 weights, ssd.models.int8_weights) or auto, the precision that
+    makes speculation pay on this machine (ssd.models.auto_precision;
     tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device:
     auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16
     where the GPU lacks it, and on MPS). forward: eager (the exact reference) or compiled (ssd.models.forwards: the
@@ -102,7 +103,7 @@ def _at_precision(model, precision: str, device, role: str, int4_levels=None):
 
 def _precisions(name: str, target_dtype, draft_dtype, device, progress) -> Precisions:
     check_pair_name(name)
-    asked = {"target": check_precision(target_dtype, "target_dtype"),
+    asked = {"target": check_target_precision(check_precision(target_dtype, "target_dtype")),
              "draft": check_precision(draft_dtype, "draft_dtype")}
     for role, precision in asked.items():
         if precision != "auto":

@@ -14,6 +14,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .auto_precision import fixed
+from ..checks import check_target_precision
 from .forwards import check_forward, set_forward
 from .capability import accelerator_precision
 from .pair import Pair
@@ -68,6 +69,8 @@ def random_pair(name: str = "qwen2.5-coder", *, target_dtype="auto", draft_dtype
     precisions = {}
     for role, value in (("target", target_dtype), ("draft", draft_dtype)):
         value = check_precision(value, f"{role}_dtype")
+        if role == "target":
+            check_target_precision(value)
         precisions[role] = default_precision(device) if value == "auto" else value
     draft = random_model(name, "draft", precisions["draft"], device, layers)
     target = random_model(name, "target", precisions["target"], device, layers, seed=1)
