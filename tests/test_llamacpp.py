@@ -208,6 +208,19 @@ def test_a_compiled_profile_is_named_so_beside_its_eager_one():
     assert engines.regimes([eager, compiled], k=4, a=0.8)["forward"].tolist() == ["eager", "compiled"]
 
 
+def test_the_fastest_forwards_benches_are_read_apart_from_their_batch_sizes(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name, methods in {"fastest_humaneval": "ar,sd,llamacpp-ar", "fastest-batches_humaneval": "ar,sd:batch_size=2",
+                          "llamacpp_humaneval": "ar,sd"}.items():
+        (folder / f"{name}.json").write_text(json.dumps({"args": {"methods": methods}}))
+    assert {k: v["args"]["methods"] for k, v in engines.load_fastest(str(tmp_path), "m").items()} == {
+        "humaneval": "ar,sd,llamacpp-ar"}
+    assert {k: v["args"]["methods"] for k, v in engines.load_fastest_batches(str(tmp_path), "m").items()} == {
+        "humaneval": "ar,sd:batch_size=2"}
+    assert engines.load_fastest_batches(str(tmp_path), "none") == {}
+
+
 def test_a_bench_gives_any_two_of_its_methods_as_a_ratio_answer_by_answer():
     rows = pd.DataFrame([{"method": m, "prompt_id": f"p{i}", "decode_tokens_per_s": v, "tokens_per_s": v}
                          for m, values in {"sd": [2.0, 3.0, 4.0], "llamacpp-ar": [4.0, 4.0, 4.0]}.items()

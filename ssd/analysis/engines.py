@@ -33,6 +33,9 @@ BENCH_PATTERN = f"{BENCH_PREFIX}*.json"
 # FAST) beside llama.cpp's AR: ar, sd, sd-1core, ssd-pipeline and llamacpp-ar side by side, with the profile's
 # predictions (issue 56's regime, measured again)
 FASTEST_PREFIX = "fastest_"
+# data/<machine>/fastest-batches_<prompt set>.json: the same forwards' AR and SD at batch sizes 1 to 16 side by side
+# (the batch-size study's break-even b, on these forwards)
+FASTEST_BATCHES_PREFIX = "fastest-batches_"
 DRIFT_PREFIX = "llamacpp-drift_"  # data/<machine>/llamacpp-drift_<prompt set>.json: python -m ssd llamacpp --drift
 PAYS = 1.1  # a method "pays" on an engine where predicted at least this much over that engine's AR
 
@@ -74,6 +77,12 @@ def load_fastest(root: str, machine: str) -> dict[str, dict]:
     """A machine's benches of the kit at its fastest forwards beside llama.cpp's AR, {prompt set: the bench's JSON}
     ({} where it keeps none)."""
     return read_by_prompt_set(root, machine, FASTEST_PREFIX)
+
+
+def load_fastest_batches(root: str, machine: str) -> dict[str, dict]:
+    """A machine's benches of AR and SD by batch size at the fastest forwards, {prompt set: the bench's JSON} ({}
+    where it keeps none)."""
+    return read_by_prompt_set(root, machine, FASTEST_BATCHES_PREFIX)
 
 
 def threads_label(profile: Profile) -> str:
