@@ -10,8 +10,9 @@ what SD and SSD can gain, and both are properties of the machine, so ``auto`` me
 
 - target: float32, or bfloat16 where the CPU has native bfloat16 arithmetic, whichever verifies K + 1 tokens faster
   (float32 unless bfloat16 is at least ``MARGIN`` faster: float32 is the exact reference). The target stays a
-  floating-point model: int8 quantizes activations too and changes its outputs more than rounding does, and the
-  target is what every method must reproduce. int8 and float16 remain one flag away.
+  floating-point model, and the target is what every method must reproduce: float16 and the weight-only int4 and
+  int8w remain one flag away, int8 is a draft's only (``ssd.checks.check_target_precision``: it rounds a verify
+  pass's tokens on one activation scale, so no method could reproduce the target's AR).
 - draft: float32, bfloat16 (where native) or int8, whichever drafts one token fastest. The draft's precision
   changes only speed and acceptance, never the output.
 
