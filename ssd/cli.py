@@ -22,12 +22,11 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
                    f"cpu, cuda, cuda:N or mps (default {device}); on a GPU auto precisions are bfloat16 (MPS: float16)")
     target_choices = " | ".join(c for c in PRECISION_CHOICES if c not in DRAFT_ONLY_PRECISIONS)
     p.add_argument("--target-dtype", default="auto", help=f"{target_choices}: the target's precision; "
-                   "auto (the default) times the candidates once on this machine and keeps the faster verify pass "
-                   "(float32 is the exact reference)")
+                   "auto (the default) measures the candidates once on this machine and keeps the pair of "
+                   "precisions that makes SD fastest (float32 is the exact reference)")
     p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the draft's precision "
                    "(int8: int8 linear layers; int4: 4-bit weights in groups of 32; int8w: int8 weights, a "
-                   "scale a row; int4 and int8w take bfloat16 activations; all three CPU only); auto keeps the fastest "
-                   "one-token step")
+                   "scale a row; int4 and int8w take bfloat16 activations; all three CPU only); auto: as the target's")
     p.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how both models' forwards run; "
                    "compiled: torch.compile, the decoder compiled at its first decoding step (the offline pair: "
                    "about 2 minutes on 2 CPU cores the first time, 40 s in a later process, which reads the user "

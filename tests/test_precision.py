@@ -10,7 +10,7 @@ from ssd.bench.lossless import first_difference, identity_report, near_tie_bound
 from ssd.models.loading import load_pair
 from ssd.models.tiny import tiny_pair
 from ssd.models.shapes import random_pair
-from ssd.models.auto_precision import Precisions, candidates, choose
+from ssd.models.auto_precision import Precisions, agreement, candidates, choose, greedy_tokens
 from ssd.models.capability import supported
 from ssd.models.precision import check_precision, convert, precision_of, weight_bytes
 from ssd.core.trace import Round
@@ -135,25 +135,51 @@ def test_draft_precision_changes_speed_and_acceptance_never_the_output():
 
 
 def test_candidates_follow_what_the_cpu_supports():
-    assert candidates("target", "cpu", AVX2) == ["float32"]  # no native bfloat16: nothing to time
-    assert candidates("draft", "cpu", AVX2) == ["float32", "int8"]
-    assert candidates("target", "cpu", BF16) == ["float32", "bfloat16"]
-    assert candidates("draft", "cpu", BF16) == ["float32", "bfloat16", "int8"]
+    assert candidates("target", "cpu", AVX2) == ["float32", "int4", "int8w"]  # no native bfloat16: not timed
+    assert candidates("draft", "cpu", AVX2) == ["float32", "int4", "int8w", "int8"]
+    assert candidates("target", "cpu", BF16) == ["float32", "bfloat16", "int4", "int8w"]
+    assert candidates("draft", "cpu", BF16) == ["float32", "bfloat16", "int4", "int8w", "int8"]
+
+
+def flat(ms: float, fifth: float | None = None) -> dict:
+    """A target's pass times over 2 to 5 tokens: each `ms`, the 5-token pass `fifth` where given."""
+    return {2: ms, 3: ms, 4: ms, 5: fifth or ms}
+
+
+def agreeing(a: float, targets=("float32", "bfloat16", "int4"), drafts=("float32", "int8", "int4")) -> dict:
+    return {t: dict.fromkeys(drafts, a) for t in targets}
 
 
 def test_a_reduced_precision_target_must_be_clearly_faster():
-    draft = {"float32": 170.0, "int8": 55.0}
-    assert choose({"float32": 1000.0, "bfloat16": 350.0}, draft, BF16).target == "bfloat16"
-    assert choose({"float32": 1000.0, "bfloat16": 950.0}, draft, BF16).target == "float32"  # 5% is not enough
-    assert choose({"float32": 900.0, "bfloat16": 1400.0}, draft, BF16).target == "float32"  # AVX2-like bfloat16
+    draft, a = {"float32": 170.0, "int8": 55.0}, agreeing(0.8)
+    assert choose({"float32": flat(1000), "bfloat16": flat(350)}, draft, a, BF16).target == "bfloat16"
+    assert choose({"float32": flat(1000), "bfloat16": flat(950)}, draft, a, BF16).target == "float32"  # 5% is not
+    # enough
+    assert choose({"float32": flat(900), "bfloat16": flat(1400)}, draft, a, BF16).target == "float32"  # AVX2-like
 
 
-def test_the_draft_takes_the_fastest_step_and_the_reason_says_so():
-    decision = choose({"float32": 900.0}, {"float32": 150.0, "bfloat16": 140.0, "int8": 54.0}, AVX2)
+def test_the_pair_is_priced_at_the_draft_length_that_suits_its_kernel():
+    # int4's kernel takes rows four at a time: 5 tokens cost two passes, so it is judged at K 3, not 4, and wins there
+    decision = choose({"float32": flat(400), "int4": flat(180, fifth=360)}, {"int4": 20.0}, agreeing(0.8), BF16)
+    assert decision.target == "int4" and "at K 3" in decision.reason
+
+
+def test_acceptance_weighs_against_a_faster_draft_step():
+    target = {"float32": flat(300)}
+    rates = {"float32": {"float32": 0.8, "int8": 0.3}}
+    # int8 drafts 2x faster but agrees far less: the slower draft makes SD faster
+    assert choose(target, {"float32": 60.0, "int8": 30.0}, rates, BF16).draft == "float32"
+    # agreeing alike, the faster step wins
+    assert choose(target, {"float32": 60.0, "int8": 30.0}, agreeing(0.8, ("float32",)), BF16).draft == "int8"
+
+
+def test_the_reason_names_the_pair_its_prediction_and_the_measurements():
+    decision = choose({"float32": flat(900)}, {"float32": 150.0, "int8": 54.0},
+                      agreeing(0.8, ("float32",), ("float32", "int8")), AVX2)
     assert (decision.target, decision.draft) == ("float32", "int8")
-    assert "int8 54 ms" in decision.reason and "float32 900 ms" in decision.reason and "AVX2" in decision.reason
-    assert decision.measured_ms == {"target": {"float32": 900.0}, "draft": {"float32": 150.0, "bfloat16": 140.0,
-                                                                            "int8": 54.0}}
+    assert "SD predicted" in decision.reason and "int8 54 ms" in decision.reason and "AVX2" in decision.reason
+    assert decision.measured_ms["target"] == {"float32": {"2": 900, "3": 900, "4": 900, "5": 900}}
+    assert decision.measured_ms["agreement"] == {"float32": {"float32": 0.8, "int8": 0.8}}
 
 
 def test_auto_on_a_tiny_pair_is_the_exact_reference():
@@ -172,27 +198,41 @@ def test_auto_measures_once_and_keeps_the_decision(tmp_path, monkeypatch, privat
     monkeypatch.setattr(models, "capability", lambda: BF16)
     timed = []
 
-    def fake_forward_ms(model, new, **_):  # bfloat16 verifies 3x faster; int8 drafts 3x faster
+    def fake_pass_ms(model, role):  # bfloat16 verifies 3x faster than float32; int8 drafts 3x faster
         p = precision_of(model)
-        timed.append((p, new))
-        return {"float32": 900.0, "bfloat16": 300.0, "int8": 100.0}[p] / (1 if new > 1 else 5)
+        timed.append((role, p))
+        ms = {"float32": 900.0, "bfloat16": 300.0, "int8": 100.0, "int4": 1200.0, "int8w": 1100.0}[p]
+        return {n: ms for n in (2, 3, 4, 5)} if role == "target" else ms / 5
 
-    monkeypatch.setattr(models, "forward_ms", fake_forward_ms)
+    monkeypatch.setattr(models, "pass_ms", fake_pass_ms)
+    monkeypatch.setattr(models, "agreement", lambda target, draft: 0.8)  # its own test below
     pair = load_pair("fake-pair", progress=False)
     assert (pair.precisions.target, pair.precisions.draft) == ("bfloat16", "int8")
     assert precision_of(pair.target) == "bfloat16" and precision_of(pair.draft) == "int8"
-    assert sorted(timed) == sorted([("float32", 1), ("bfloat16", 1), ("int8", 1), ("float32", 5), ("bfloat16", 5)])
+    assert sorted(timed) == sorted([("draft", p) for p in ("float32", "bfloat16", "int4", "int8w", "int8")]
+                                   + [("target", p) for p in ("float32", "bfloat16", "int4", "int8w")])
     saved = list((private_cache / "precision").glob("*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["draft"] == "int8"
     # A second load reads the decision; a role asked for explicitly overrides it and says so.
-    monkeypatch.setattr(models, "forward_ms", lambda *a, **k: pytest.fail("measured twice"))
+    monkeypatch.setattr(models, "pass_ms", lambda *a, **k: pytest.fail("measured twice"))
     again = load_pair("fake-pair", target_dtype="float32", progress=False)
     assert (again.precisions.target, again.precisions.draft) == ("float32", "int8")
     assert "target float32 (as asked)" in again.precisions.reason and "draft int8 (auto)" in again.precisions.reason
 
 
+def test_acceptance_is_the_share_of_positions_where_the_greedy_tokens_agree():
+    pair = tiny_pair(agreement_noise=0.5)
+    texts = [[1, 5, 2, 9, 3, 7], [4, 4, 8]]
+    target = greedy_tokens(pair.target, texts)
+    assert target.shape == (9,) and agreement(target, target) == 1.0
+    draft = greedy_tokens(pair.draft, texts)
+    assert agreement(target, draft) == pytest.approx((target == draft).sum().item() / 9)
+    same = tiny_pair(agreement_noise=0.0)  # a draft identical to its target
+    assert agreement(greedy_tokens(same.target, texts), greedy_tokens(same.draft, texts)) == 1.0
+
+
 def test_precisions_record_round_trips_through_json():
-    decision = choose({"float32": 900.0}, {"int8": 50.0}, AVX2)
+    decision = choose({"float32": flat(900)}, {"int8": 50.0}, agreeing(0.8, ("float32",), ("int8",)), AVX2)
     assert Precisions(**json.loads(json.dumps(decision.as_dict()))) == decision
 
 

@@ -270,6 +270,7 @@ def test_regime_reads_v_and_c_off_the_curves():
     out = prof.regime(slow_verify, k=4, a=0.8)
     assert out["v"] == pytest.approx(2.5) and out["c"] == pytest.approx(0.4) and out["floor_ms"] == pytest.approx(400)
     assert out["sd_speedup_at_a_0.8"] == pytest.approx(sd_speedup(0.8, 4, 0.4, 2.5)) and out["sd_speedup_at_a_0.8"] < 1
+    assert out["sd_tokens_per_s_at_a_0.8"] == pytest.approx(out["sd_speedup_at_a_0.8"] * 1000 / 400)  # AR 2.5 tokens/s
     cheap = prof.regime(synthetic_profile(verify_ms=400.0, draft_ms=50.0), k=4, a=0.8)
     assert cheap["v"] == pytest.approx(1.0) and cheap["sd_speedup_at_a_0.8"] > 2  # the GPU-like regime
 
@@ -392,7 +393,9 @@ def test_a_bench_fetches_a_profile_only_for_a_method_that_tunes(monkeypatch, pri
 
 def test_the_stored_regimes_leave_notebook_05_wide_margins():
     """What notebook 05's regime cell says of the profiles stored in data/ (the kit's, at b = 1): on every machine the
-    precision auto chose beats float32 by far more than the cell's allowances for the clock's noise (1.2 and 0.9)."""
+    precision auto chose makes SD faster in tokens/s than float32 does (by 1.12x at the least, AVX2's, where only the
+    draft's precision differs), clear of the cell's allowance for the clock's noise (0.9), and a float32 verify pass
+    over K + 1 tokens costs more than a step."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
     compared = 0
     for machine in sorted(os.listdir(root)):
@@ -404,7 +407,6 @@ def test_the_stored_regimes_leave_notebook_05_wide_margins():
             continue
         reference, chosen = by.pop("float32"), next(iter(by.values()))
         compared += 1
-        assert chosen["c"] <= 0.46 * reference["c"], machine
-        assert chosen["v"] <= 0.72 * reference["v"] or chosen["target"] == reference["target"], machine
-        assert chosen["sd_speedup_at_a_0.8"] >= 1.25 * reference["sd_speedup_at_a_0.8"], machine
+        assert reference["v"] > 1.3, machine
+        assert chosen["sd_tokens_per_s_at_a_0.8"] >= 1.1 * reference["sd_tokens_per_s_at_a_0.8"], machine
     assert compared == 4

@@ -66,8 +66,8 @@ def readme_block(pages: list[Page]) -> str:
                      + " |")
     settings = "; ".join(f"{pg.machine}: target {pg.precisions[0][0]}, draft {pg.precisions[0][1]}"
                          + (f", {_settings(pg, 'cores')} cores" if _settings(pg, "cores") else "") for pg in cpus)
-    prose = [f"Each at the precision auto picks on that machine ({settings}), eager, but the rows {FAST_WORDS} (target "
-             f"{FAST[0]}, draft {FAST[1]}); greedy unless its page says otherwise."]
+    prose = [f"Each at the precision auto picked on that machine when it was measured ({settings}), eager, but the "
+             f"rows {FAST_WORDS} (target {FAST[0]}, draft {FAST[1]}); greedy unless its page says otherwise."]
     prose += [_gpu_line(pg) for pg in pages if _gpu(pg)]
     for paragraph in prose:  # wrapped as the README's own prose is, at 120 columns
         lines += ["", textwrap.fill(paragraph.strip(), WIDTH, break_long_words=False, break_on_hyphens=False)]

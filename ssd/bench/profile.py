@@ -260,13 +260,15 @@ def stored_name(profile: Profile) -> str:
 
 def regime(profile: Profile, k: int = 4, a: float = 0.8) -> dict:
     """The two ratios that decide what SD can gain (docs/precision.md, "The regime"): v, a verify pass over K + 1
-    tokens in one-token steps, and c, a draft step over a target step; and SD's speed-up E / (c K + v) they give at
-    acceptance a. Also the one-token step beside its memory floor."""
+    tokens in one-token steps, and c, a draft step over a target step; SD's speed-up E / (c K + v) they give at
+    acceptance a, and the decode tokens/s that is (the speed-up over one step: what auto's rule compares between
+    precisions, ssd.models.auto_precision). Also the one-token step beside its memory floor."""
     sd = sd_from_profile(profile, k, expected_tokens(a, k))  # c and v, read where the batch study reads them
     return {"target": profile.precisions["target"], "draft": profile.precisions["draft"],
             "step_ms": profile.target_at(1), "floor_ms": profile.floor_ms("target"),
             f"verify_{k + 1}_ms": profile.target_at(k + 1), "v": sd["profile_v"], "draft_ms": profile.draft_at(1),
-            "c": sd["profile_c"], f"sd_speedup_at_a_{a:g}": sd["profile_speedup_vs_ar"]}
+            "c": sd["profile_c"], f"sd_speedup_at_a_{a:g}": sd["profile_speedup_vs_ar"],
+            f"sd_tokens_per_s_at_a_{a:g}": sd["profile_speedup_vs_ar"] * 1000 / profile.target_at(1)}
 
 
 def save(profile: Profile, path) -> None:

@@ -27,13 +27,13 @@ from .gguf_store import GGUFSpec, chunks, ensure_all_cached, ensure_cached, log,
 from .kernels import choose as choose_library
 from ..names import DEFAULT_PAIR, TINY_PAIR
 from .pair import ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_size, eos_ids, ready
-from .auto_precision import (AUTO_K, Precisions, accelerator_auto, candidates, choose, decision_path, fixed,
-                             load_decision, save_decision)
+from .auto_precision import (AGREEMENT_TEXTS, AUTO_KS, Precisions, accelerator_auto, agreement, candidates, choose,
+                             decision_path, fixed, greedy_tokens, load_decision, save_decision)
 from .capability import capability, check_supported
 from .forwards import check_forward, set_forward
 from . import int4_store
 from .precision import check_precision, convert
-from .timing import forward_ms
+from .timing import curve_ms, forward_ms
 from .tiny import tiny_pair
 
 
@@ -46,9 +46,9 @@ def load_pair(name: str = DEFAULT_PAIR, *, target_dtype="auto", draft_dtype="aut
     """Load a draft/target pair by name: a registered offline pair, "tiny", or "DRAFT_ID,TARGET_ID".
 
     target_dtype, draft_dtype: float32, bfloat16, float16, int8 (CPU, a draft's only: int8 linear layers), int4 (CPU:
-    4-bit weights, ssd.models.int4), int8w (CPU: int8 weights, ssd.models.int8_weights) or auto, the precision that
-    makes speculation pay on this machine (ssd.models.auto_precision;
-    tiny pairs, the tests' exact reference, stay float32). pair.precisions records what was chosen and why. device:
+    4-bit weights, ssd.models.int4), int8w (CPU: int8 weights, ssd.models.int8_weights) or auto, the pair of
+    precisions that makes SD fastest on this machine, measured once (ssd.models.auto_precision; tiny pairs, the tests'
+    exact reference, stay float32). pair.precisions records what was chosen and why. device:
     auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps; on a GPU auto runs both models in bfloat16 (float16
     where the GPU lacks it, and on MPS). forward: eager (the exact reference) or compiled (ssd.models.forwards: the
     decoders compiled at their first step, what the compile makes kept in the user cache).
@@ -135,36 +135,51 @@ def _auto(name: str, device, cap: dict, progress) -> Precisions:
 
 
 def _time_candidates(name: str, device, cap: dict, path, progress) -> Precisions:
-    log(progress, f"auto precision: timing {name} at each candidate precision once on this machine (about a "
-                   "minute; kept in the cache)")
-    ms = {"target": {}, "draft": {}}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a pipeline rank runs, and steadier than a shared pool
-    try:
-        for role in ("draft", "target"):  # the draft first: it is the smaller, so a bad name fails sooner
-            for precision in candidates(role, device, cap):
-                model = _load_role(name, role, precision, device)
-                ms[role][precision] = forward_ms(model, precision_tokens(role))
-                del model
-    finally:
-        torch.set_num_threads(threads)
-    decision = choose(ms["target"], ms["draft"], cap)
+    log(progress, f"auto precision: measuring {name} at each candidate precision once on this machine (about three "
+                   "minutes; kept in the cache)")
+    ms, tokens = {"target": {}, "draft": {}}, {"target": {}, "draft": {}}
+    texts = None
+    for role in ("draft", "target"):  # the draft first: it is the smaller, so a bad name fails sooner
+        for precision in candidates(role, device, cap):
+            log(progress, f"auto precision: the {role} at {precision}")
+            model, tokenizer = _load_role(name, role, precision, device)
+            texts = texts or [tokenizer(text).input_ids for text in AGREEMENT_TEXTS]
+            ms[role][precision] = _one_thread(pass_ms, model, role)
+            tokens[role][precision] = greedy_tokens(model, texts)
+            del model
+    rates = {t: {d: agreement(tokens["target"][t], tokens["draft"][d]) for d in tokens["draft"]}
+             for t in tokens["target"]}
+    decision = choose(ms["target"], ms["draft"], rates, cap)
     save_decision(path, decision)
     log(progress, decision.reason)
     return decision
 
 
-def precision_tokens(role: str) -> int:
-    """What auto times: the target's verify pass over K + 1 tokens, the draft's one-token step."""
-    return AUTO_K + 1 if role == "target" else 1
+def _one_thread(measure, *args):
+    """measure(*args) on one thread, as a pipeline rank runs, and steadier than a shared pool."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pass_ms(model, role: str):
+    """What auto times: the target's verify pass over K + 1 tokens for each K it prices ({tokens: ms}), the draft's
+    one-token step (ms)."""
+    if role == "target":
+        return curve_ms(model, [k + 1 for k in AUTO_KS])
+    return forward_ms(model, 1)
 
 
 def _load_role(name: str, role: str, precision: str, device):
+    """(model, tokenizer) of one role of the pair at a precision."""
     if name in PAIRS:
         spec = PAIRS[name].target if role == "target" else PAIRS[name].draft
-        return _load_cached(spec, precision, device, False, role)[0]
-    model_id = _hub_ids(name)[0 if role == "draft" else 1]
-    return _at_precision(_load_hub_model(model_id)[0], precision, device, role)
+        return _load_cached(spec, precision, device, False, role)
+    model, tokenizer = _load_hub_model(_hub_ids(name)[0 if role == "draft" else 1])
+    return _at_precision(model, precision, device, role), tokenizer
 
 
 def check_pair_name(name, parameter: str = "pair") -> None:

@@ -8,16 +8,15 @@ AMX), it costs about 1.2 steps (with float32 logits), near a GPU's one; an int8 
 target's step. Both ratios decide
 what SD and SSD can gain, and both are properties of the machine, so ``auto`` measures them instead of guessing:
 
-- target: float32, or bfloat16 where the CPU has native bfloat16 arithmetic, whichever verifies K + 1 tokens faster
-  (float32 unless bfloat16 is at least ``MARGIN`` faster: float32 is the exact reference). The target stays a
-  floating-point model, and the target is what every method must reproduce: float16 and the weight-only int4 and
-  int8w remain one flag away, int8 is a draft's only (``ssd.checks.check_target_precision``: it rounds a verify
-  pass's tokens on one activation scale, so no method could reproduce the target's AR).
-- draft: float32, bfloat16 (where native) or int8, whichever drafts one token fastest. The draft's precision
-  changes only speed and acceptance, never the output.
+auto keeps the pair of precisions that makes SD fastest (``ssd.models.auto_precision``): for the target float32,
+bfloat16 where the CPU has native bfloat16 arithmetic, int4 or int8w (a reduced one only if it makes SD at least
+``MARGIN`` faster: float32 is the exact reference); for the draft those or int8. The target is what every method must
+reproduce: float16 stays one flag away, and int8 is a draft's only (``ssd.checks.check_target_precision``: it rounds
+a verify pass's tokens on one activation scale, so no method could reproduce the target's AR). The draft's precision
+changes only speed and acceptance, never the output.
 
-The measurement takes about a minute once per machine, pair and torch version (one thread, context 128); the
-decision, its timings and its reason are kept in the user cache and recorded in every bench JSON and notebook.
+The measurement takes about three minutes once per machine, pair and torch version (one thread, context 128); the
+decision, its measurements and its reason are kept in the user cache and recorded in every bench JSON and notebook.
 
 int8 is torch's dynamic quantization of the linear layers (weights int8, activations quantized per call), CPU only.
 torch 2.13 says that API moves to torchao; torchao 0.18's maintained path was measured on this project's CPUs and
