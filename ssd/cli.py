@@ -26,7 +26,8 @@ def add_pair_args(p: argparse.ArgumentParser, device: str = "auto") -> None:
                    "precisions that makes SD fastest (float32 is the exact reference)")
     p.add_argument("--draft-dtype", default="auto", help=f"{' | '.join(PRECISION_CHOICES)}: the draft's precision "
                    "(int8: int8 linear layers; int4: 4-bit weights in groups of 32; int8w: int8 weights, a "
-                   "scale a row; int4 and int8w take bfloat16 activations; all three CPU only); auto: as the target's")
+                   "scale a row; int4 and int8w take bfloat16 activations; all three CPU only); auto: chosen with the "
+                   "target's, as a pair")
     p.add_argument("--forward", default="eager", help=f"{' | '.join(FORWARDS)}: how both models' forwards run; "
                    "compiled: torch.compile, the decoder compiled at its first decoding step (the offline pair: "
                    "about 2 minutes on 2 CPU cores the first time, 40 s in a later process, which reads the user "
