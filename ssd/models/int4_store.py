@@ -19,13 +19,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from . import int4, int4_kernel
 from .int4 import Levels
 
 FORMAT = 1  # bump when int4.quantize changes what it finds: an old file is then ignored
 
 
 def file_name() -> str:
-    """int4-levels-v1-torch2.13.0+cpu-AVX512.safetensors: what the packing depends on."""
+    """int4-levels-v1-torch2.13.0+cpu-AVX512.safetensors (torch's kernel) or int4-levels-v1-ssd.safetensors (the
+    kit's, one layout everywhere it runs): what the packing depends on."""
+    if int4.kernel() == "ssd":
+        return f"int4-levels-v{FORMAT}-ssd-{int4_kernel.SOURCE_DIGEST}.safetensors"
     return f"int4-levels-v{FORMAT}-torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}.safetensors"
 
 
