@@ -55,3 +55,15 @@ def test_bad_shapes_fail_with_the_operator_named():
         torch.ops.ssd_int4.pack(q[:40], scales_and_zeros[:, :40])
     with pytest.raises(RuntimeError, match="ssd_int4::mm: x must be bfloat16"):
         torch.ops.ssd_int4.mm(torch.randn(1, 128), torch.ops.ssd_int4.pack(q, scales_and_zeros), 64)
+
+
+def test_a_profile_on_the_kits_kernel_is_kept_apart_from_torchs(monkeypatch):
+    """A latency profile measured on torch's int4 kernel must not price a pair on the kit's (ssd.bench.profile)."""
+    from ssd.bench import profile
+    from ssd.models.loading import load_pair
+
+    pair = load_pair("tiny", target_dtype="int4", draft_dtype="int4", progress=False)
+    assert int4.kernel_of(pair.target) == int4.kernel_of(pair.draft) == "ssd"
+    ours = profile.profile_path(pair, "0", "1")
+    monkeypatch.setattr(profile, "kernel_of", lambda model: "torch")
+    assert profile.profile_path(pair, "0", "1") != ours

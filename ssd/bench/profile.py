@@ -43,6 +43,7 @@ from ..models.timing import CONTEXT, curve_ms, fixed_ids, round_robin_ms
 from ..models.cores import check_cores, pinned
 from ..models.devices import synchronize
 from ..files import KIT_ROOT, atomic_path, cache_dir
+from ..models.int4 import kernel_of
 from ..models.kernels import library_of
 from ..models.auto_precision import RULE
 from ..models.capability import capability, kind_of, machine_kind
@@ -179,6 +180,8 @@ def profile_path(pair, verifier_cores, drafter_cores, context: int = CONTEXT, to
            check_cores(drafter_cores, "drafter_cores"), context, list(tokens), list(rows)]
     key += [batch_size] if batch_size != 1 else []  # b = 1 keeps the name it always had
     key += [pair.forward] if pair.forward != "eager" else []  # compiled: another profile; eager keeps its name
+    key += [f"int4 {k}" for k in (kernel_of(pair.target), kernel_of(pair.draft)) if k == "ssd"]  # the kit's int4
+    # kernel (ssd.models.int4_kernel): another profile; torch's keeps the name it always had
     key = json.dumps(key + [library_of(pair.target), library_of(pair.draft)])  # which library multiplied (ssd.models.kernels)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

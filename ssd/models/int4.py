@@ -59,6 +59,12 @@ def kernel() -> str:
     return "ssd" if int4_kernel.load() else "torch"
 
 
+def kernel_of(model) -> str | None:
+    """ssd | torch: the kernel the model's int4 layers run on (None: it has none), what a latency profile is of."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    return None if not layers else "ssd" if layers[0].packed.dim() == 1 else "torch"
+
+
 def pack(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
     if kernel() == "ssd":
         return torch.ops.ssd_int4.pack(q, scales_and_zeros)
