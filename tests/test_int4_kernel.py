@@ -67,3 +67,27 @@ def test_a_profile_on_the_kits_kernel_is_kept_apart_from_torchs(monkeypatch):
     ours = profile.profile_path(pair, "0", "1")
     monkeypatch.setattr(profile, "kernel_of", lambda model: "torch")
     assert profile.profile_path(pair, "0", "1") != ours
+
+
+@pytest.mark.integration  # inductor compiles C++ with the system's compiler: a process
+def test_compiled_forwards_call_the_kernel_and_sd_keeps_ar_s_tokens():
+    """torch.compile traces through ssd_int4::mm by its shape function; on the compiled int4 tiny pair SD gives its AR's
+    tokens (each row of a verify pass is its one-row step's, bit for bit, in the kernel), and its logits are the eager
+    pair's up to bfloat16 rounding (inductor fuses the bfloat16 work around the kernel otherwise)."""
+    from ssd.core.cached_model import CachedModel
+    from ssd.core.decoding import DecodeConfig, generate_ar, generate_sd
+    from ssd.models.loading import load_pair
+
+    compiled = load_pair("tiny", target_dtype="int4", draft_dtype="int4", forward="compiled", progress=False)
+    assert int4.kernel_of(compiled.target) == "ssd"
+    for prompt in ([1, 5, 2, 9, 3], [4, 4, 8, 1]):
+        config = DecodeConfig(k=3, max_new_tokens=16)
+        want, _ = generate_ar(compiled, prompt, config, torch.Generator())
+        got, _ = generate_sd(compiled, prompt, config, torch.Generator())
+        assert got == want
+    eager = load_pair("tiny", target_dtype="int4", draft_dtype="int4", progress=False)
+    ids = [i % 16 for i in range(5, 50)]
+    a, b = CachedModel(compiled.target), CachedModel(eager.target, fixed_shapes=True)
+    for cached in (a, b):
+        cached.prefill(ids[:40])
+    torch.testing.assert_close(a.logits(ids[:44], keep=4), b.logits(ids[:44], keep=4), rtol=0.02, atol=0.05)
