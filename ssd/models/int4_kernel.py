@@ -1,7 +1,8 @@
 """The kit's own int4 product (``int4_avx512_bf16.cpp``) on CPUs with avx512_bf16: built once per Python environment
 (`make install` does it; else the first int4 load), and registered as ``torch.ops.ssd_int4.pack`` /
-``torch.ops.ssd_int4.mm`` so that eager and compiled forwards call it alike. Where the CPU lacks avx512_bf16, or the build fails (no C++ compiler), ``load``
-says so once and returns False: int4 then runs on torch's own kernel (``ssd.models.int4``).
+``torch.ops.ssd_int4.mm`` so that eager and compiled forwards call it alike. Where the CPU lacks avx512_bf16, or the
+build fails (no C++ compiler or ninja), ``load`` says so and returns False: int4 then runs on torch's own kernel
+(``ssd.models.int4``).
 
 Why: a group's levels unpacked once for every row of a call, so a verify pass of up to 5 tokens costs about a step,
 and a step reads near the memory's rate (docs/precision.md, int4).
