@@ -21,8 +21,6 @@ import dataclasses
 import functools
 from typing import NamedTuple
 
-import torch
-
 from ..checks import check_method, is_auto, parse_variant
 from ..clock import Stopwatch
 from ..core import decoding, speculation
@@ -30,6 +28,7 @@ from ..core.decoding import batchable
 from .peers import generate_hf_ar, generate_hf_sd
 from ..llamacpp.peers import generate_llamacpp_ar, generate_llamacpp_sd
 from ..core.tuning import on_auto
+from ..models.cores import torch_threads
 
 
 def timed(generate):
@@ -50,12 +49,8 @@ generate_ssd = timed(speculation.generate_ssd)
 @batchable
 def generate_sd_1core(pair, prompts, config, generator, autotune=None, clock=None):
     """SD with one torch thread: what one device of the pipeline does alone, the fair baseline for ssd-pipeline."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         answers, traces = generate_sd(pair, prompts, config, generator, autotune=autotune, clock=clock)
-    finally:
-        torch.set_num_threads(threads)
     for trace in traces:
         trace.method = "sd-1core"
     return answers, traces

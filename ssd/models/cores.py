@@ -46,6 +46,17 @@ def pin(cores: list[int]) -> None:
 
 
 @contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's thread count for one call, the caller's back after (no affinity: see pinned for that)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def pinned(cores: list[int]):
     """pin for one call: the caller's cores and thread count come back after (the bench's other methods, a notebook's
     other cells). torch threads started earlier keep their cores; with one core per rank there are none."""

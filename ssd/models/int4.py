@@ -59,10 +59,15 @@ def kernel() -> str:
     return "ssd" if int4_kernel.load() else "torch"
 
 
+def kit_layout(packed: torch.Tensor) -> bool:
+    """Whether packed levels are the kit's blocks (pack: 1-D, scales and zeros inside), not torch's [out, in / 2]."""
+    return packed.dim() == 1
+
+
 def kernel_of(model) -> str | None:
     """ssd | torch: the kernel the model's int4 layers run on (None: it has none), what a latency profile is of."""
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    return None if not layers else "ssd" if layers[0].packed.dim() == 1 else "torch"
+    return None if not layers else "ssd" if kit_layout(layers[0].packed) else "torch"
 
 
 def pack(q: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
@@ -102,13 +107,13 @@ class Int4Linear(torch.nn.Module):
         this layer's, kept from an earlier conversion of the same weights (ssd.models.int4_store), else found here."""
         levels = levels or levels_of(layer.weight.detach().float())
         bias = layer.bias.detach().to(torch.bfloat16) if layer.bias is not None else None
-        own = levels.packed.dim() == 1  # the kit's blocks hold their scales and zeros
+        own = kit_layout(levels.packed)  # the kit's blocks hold their scales and zeros
         return (cls(levels.packed, None if own else levels.scales_and_zeros, bias, layer.in_features,
                     layer.out_features), levels.moved)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.packed.dim() == 1:  # the kit's blocks (pack): its kernel
+        if kit_layout(self.packed):  # the kit's blocks: its kernel
             y = torch.ops.ssd_int4.mm(flat, self.packed, self.out_features)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)

@@ -22,6 +22,8 @@ SOURCE = pathlib.Path(__file__).with_name("int4_avx512_bf16.cpp")
 SOURCE_DIGEST = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]  # a changed layout: levels kept anew
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]  # -fopenmp: else
 # at::parallel_for runs on one thread
+# What a build depends on: the source, torch and the flags (read once, at import)
+BUILD_KEY = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
 
 
 def supported() -> bool:
@@ -32,8 +34,7 @@ def supported() -> bool:
 def folder() -> pathlib.Path:
     """Where the built kernel lives: in the Python environment, beside the installed packages (`make install` builds
     it there), one file per source, torch and flags."""
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
-    return pathlib.Path(sys.prefix) / "share" / "ssd-kernels" / f"int4_avx512_bf16_{key}"
+    return pathlib.Path(sys.prefix) / "share" / "ssd-kernels" / f"int4_avx512_bf16_{BUILD_KEY}"
 
 
 def library() -> pathlib.Path:

@@ -30,6 +30,7 @@ from .pair import ModelLoadError, Pair, check_same_tokenizer, check_same_vocab_s
 from .auto_precision import (AGREEMENT_TEXTS, AUTO_KS, Precisions, accelerator_auto, agreement, candidates, choose,
                              decision_path, fixed, greedy_tokens, load_decision, save_decision)
 from .capability import capability, check_supported
+from .cores import torch_threads
 from .forwards import check_forward, set_forward
 from . import int4_store
 from .precision import check_precision, convert
@@ -144,7 +145,8 @@ def _time_candidates(name: str, device, cap: dict, path, progress) -> Precisions
             log(progress, f"auto precision: the {role} at {precision}")
             model, tokenizer = _load_role(name, role, precision, device)
             texts = texts or [tokenizer(text).input_ids for text in AGREEMENT_TEXTS]
-            ms[role][precision] = _one_thread(pass_ms, model, role)
+            with torch_threads(1):  # as a pipeline rank runs, and steadier than a shared pool
+                ms[role][precision] = pass_ms(model, role)
             tokens[role][precision] = greedy_tokens(model, texts)
             del model
     rates = {t: {d: agreement(tokens["target"][t], tokens["draft"][d]) for d in tokens["draft"]}
@@ -153,16 +155,6 @@ def _time_candidates(name: str, device, cap: dict, path, progress) -> Precisions
     save_decision(path, decision)
     log(progress, decision.reason)
     return decision
-
-
-def _one_thread(measure, *args):
-    """measure(*args) on one thread, as a pipeline rank runs, and steadier than a shared pool."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return measure(*args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def pass_ms(model, role: str):
